@@ -1,0 +1,226 @@
+import glob
+import os
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+import ppo_cartpole
+
+SHARED_TAGS = [
+    "charts/episodic_return",
+    "charts/episodic_length",
+    "charts/learning_rate",
+    "charts/SPS",
+    "losses/value_loss",
+    "losses/policy_loss",
+    "losses/entropy",
+    "losses/old_approx_kl",
+    "losses/approx_kl",
+    "losses/clipfrac",
+    "losses/explained_variance",
+    "eval/episodic_return",
+]
+
+
+def read_events(run_dir):
+    (event_file,) = glob.glob(os.path.join(run_dir, "events.out.tfevents.*"))
+    acc = EventAccumulator(event_file, size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    return acc
+
+
+# ---------------------------------------------------------------------------- math
+
+
+def gae_reference(rewards, values, next_values, terminations, dones, gamma, lam):
+    """A_t as the explicit sum  sum_k (gamma * lam)^k * delta_{t+k}, stopping at the end of t's episode."""
+    T, N = len(rewards), len(rewards[0])
+    advantages = [[0.0] * N for _ in range(T)]
+    for env in range(N):
+        for t in range(T):
+            total = 0.0
+            for k in range(T - t):
+                s = t + k
+                bootstrap = 0.0 if terminations[s][env] else gamma * next_values[s][env]
+                delta = rewards[s][env] + bootstrap - values[s][env]
+                total += (gamma * lam) ** k * delta
+                if dones[s][env]:
+                    break
+            advantages[t][env] = total
+    return advantages
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_gae_matches_explicit_sum_of_td_residuals(seed):
+    rng = np.random.default_rng(seed)
+    T, N = 23, 4
+    rewards = rng.normal(size=(T, N))
+    values = rng.normal(size=(T, N))
+    next_values = rng.normal(size=(T, N))  # bootstrap values, final-observation values at truncations
+    terminations = rng.random((T, N)) < 0.1
+    truncations = (rng.random((T, N)) < 0.1) & ~terminations
+    dones = terminations | truncations
+    assert terminations.any() and truncations.any()
+    gamma, lam = 0.97, 0.9
+
+    t = lambda a: torch.as_tensor(a, dtype=torch.float64)
+    advantages, returns = ppo_cartpole.compute_gae(
+        t(rewards), t(values), t(next_values), t(terminations), t(dones), gamma, lam
+    )
+    expected = np.array(gae_reference(rewards.tolist(), values.tolist(), next_values.tolist(),
+                                      terminations.tolist(), dones.tolist(), gamma, lam))
+    np.testing.assert_allclose(advantages.numpy(), expected, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(returns.numpy(), expected + values, rtol=1e-10, atol=1e-10)
+
+
+def test_gae_truncation_bootstraps_and_termination_does_not():
+    # one env, lambda 0: the advantage is the one-step TD residual
+    rewards = torch.tensor([[1.0], [1.0], [1.0]])
+    values = torch.tensor([[5.0], [5.0], [5.0]])
+    next_values = torch.tensor([[7.0], [7.0], [7.0]])
+    terminations = torch.tensor([[0.0], [1.0], [0.0]])
+    dones = torch.tensor([[1.0], [1.0], [0.0]])  # step 0 truncated, step 1 terminated
+    advantages, returns = ppo_cartpole.compute_gae(rewards, values, next_values, terminations, dones, 0.5, 0.0)
+    assert returns[:, 0].tolist() == [1.0 + 0.5 * 7.0, 1.0, 1.0 + 0.5 * 7.0]
+
+
+def surrogate(ratio, advantage, clip_coef=0.2):
+    newlogprob = torch.tensor([float(np.log(ratio))], dtype=torch.float64, requires_grad=True)
+    logprobs = torch.zeros(1, dtype=torch.float64)
+    pg_loss, _, _ = ppo_cartpole.policy_loss(newlogprob, logprobs, torch.tensor([advantage], dtype=torch.float64), clip_coef)
+    pg_loss.backward()
+    return pg_loss.item(), newlogprob.grad.item()
+
+
+@pytest.mark.parametrize(
+    "ratio, advantage, loss, clipped",
+    [
+        (1.1, 2.0, -2.2, False),  # A > 0, inside the clip range
+        (1.5, 2.0, -2.4, True),  # A > 0, above 1 + eps: the objective is flat, no incentive to go further
+        (0.5, 2.0, -1.0, False),  # A > 0, below 1 - eps: the pessimistic (unclipped) term is kept
+        (0.9, -2.0, 1.8, False),  # A < 0, inside
+        (0.5, -2.0, 1.6, True),  # A < 0, below 1 - eps: flat
+        (1.5, -2.0, 3.0, False),  # A < 0, above 1 + eps: the unclipped term is kept
+    ],
+)
+def test_clipped_surrogate_value_and_gradient(ratio, advantage, loss, clipped):
+    value, grad = surrogate(ratio, advantage)
+    assert value == pytest.approx(loss, abs=1e-12)
+    # d(-A * ratio)/d(logprob) = -A * ratio where unclipped; exactly zero where clipped
+    if clipped:
+        assert grad == 0.0
+    else:
+        assert grad == pytest.approx(-advantage * ratio, abs=1e-12)
+
+
+def test_value_loss_clipping():
+    newvalue = torch.tensor([3.0], requires_grad=True)
+    values, returns = torch.tensor([1.0]), torch.tensor([0.0])
+    unclipped = ppo_cartpole.value_loss(newvalue, values, returns, 0.5, clip_vloss=False)
+    assert unclipped.item() == pytest.approx(0.5 * 9.0)
+    # clipped prediction 1.5 -> error 2.25; the max keeps the larger (unclipped) 9
+    assert ppo_cartpole.value_loss(newvalue, values, returns, 0.5, clip_vloss=True).item() == pytest.approx(4.5)
+    # a prediction moved past the clip towards a return far away: the clipped error is larger, so no gradient
+    newvalue = torch.tensor([3.0], requires_grad=True)
+    loss = ppo_cartpole.value_loss(newvalue, torch.tensor([1.0]), torch.tensor([10.0]), 0.5, clip_vloss=True)
+    assert loss.item() == pytest.approx(0.5 * (10.0 - 1.5) ** 2)
+    loss.backward()
+    assert newvalue.grad.item() == 0.0
+
+
+# ---------------------------------------------------------------------------- runs
+
+
+def small_args(tmp_path, **kw):
+    defaults = dict(runs_dir=str(tmp_path), total_timesteps=3000, eval_episodes=2, save_model=True, cuda=False)
+    defaults.update(kw)
+    return ppo_cartpole.Args(**defaults)
+
+
+@pytest.fixture(scope="module")
+def short_run(tmp_path_factory):
+    return ppo_cartpole.main(small_args(tmp_path_factory.mktemp("runs")))
+
+
+def test_short_run_logs_every_tag(short_run):
+    acc = read_events(short_run["run_dir"])
+    tags = acc.Tags()
+    for tag in SHARED_TAGS:
+        assert tag in tags["scalars"], tag
+    assert len(acc.Scalars("charts/episodic_return")) >= 1
+    assert len(acc.Scalars("eval/episodic_return")) == 2
+    # episodic returns read back equal the ones the run saw; CartPole returns are episode lengths
+    logged = [e.value for e in acc.Scalars("charts/episodic_return")]
+    assert logged == pytest.approx(short_run["episodic_returns"])
+    lengths = [e.value for e in acc.Scalars("charts/episodic_length")]
+    assert logged == pytest.approx(lengths)
+    assert any(tag.startswith("hyperparameters") for tag in tags["tensors"])
+    assert acc.Scalars("charts/learning_rate")[-1].value < acc.Scalars("charts/learning_rate")[0].value
+
+
+def test_saved_agent_evaluates_without_training(short_run, tmp_path):
+    checkpoint = os.path.join(short_run["run_dir"], "agent.pt")
+    assert os.path.isfile(checkpoint)
+    result = ppo_cartpole.main(ppo_cartpole.Args(eval_checkpoint=checkpoint, eval_episodes=2, runs_dir=str(tmp_path), cuda=False))
+    # same weights, same evaluation seeds, greedy policy: the same returns as right after training
+    assert result["eval_returns"] == short_run["eval_returns"]
+    assert not os.listdir(tmp_path)  # nothing trained, nothing logged
+
+
+def test_same_seed_same_run(tmp_path):
+    a = ppo_cartpole.main(small_args(tmp_path / "a", eval_episodes=0, save_model=False))
+    b = ppo_cartpole.main(small_args(tmp_path / "b", eval_episodes=0, save_model=False))
+    c = ppo_cartpole.main(small_args(tmp_path / "c", eval_episodes=0, save_model=False, seed=2))
+    assert len(a["episodic_returns"]) > 10
+    assert a["episodic_returns"] == b["episodic_returns"]
+    assert a["episodic_returns"] != c["episodic_returns"]
+
+
+def test_learns_within_30k_steps(tmp_path):
+    result = ppo_cartpole.main(small_args(tmp_path, total_timesteps=30_000, eval_episodes=0, save_model=False))
+    # random play averages ~22; a broken gradient, advantage or bootstrap does not get here in 30k steps
+    assert np.mean(result["episodic_returns"][-10:]) >= 150
+
+
+def test_ctrl_c_keeps_logs_and_saves(tmp_path, monkeypatch):
+    real_make = ppo_cartpole.make_vector_env
+
+    class Interrupt(gym.vector.VectorWrapper):
+        calls = 0
+
+        def step(self, actions):
+            Interrupt.calls += 1
+            if Interrupt.calls == 300:
+                raise KeyboardInterrupt
+            return self.env.step(actions)
+
+    monkeypatch.setattr(ppo_cartpole, "make_vector_env", lambda *a: Interrupt(real_make(*a)))
+    result = ppo_cartpole.main(small_args(tmp_path, total_timesteps=50_000))
+    assert os.path.isfile(os.path.join(result["run_dir"], "agent.pt"))
+    assert result["eval_returns"] == []
+    acc = read_events(result["run_dir"])  # the writer was flushed and closed
+    assert len(acc.Scalars("charts/episodic_return")) == len(result["episodic_returns"]) > 0
+
+
+# ---------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    "kw, flag",
+    [
+        (dict(num_minibatches=3), "--num-minibatches"),
+        (dict(env_id="Pendulum-v1"), "--env-id"),
+        (dict(env_id="NoSuchEnv-v0"), "--env-id"),
+        (dict(total_timesteps=0), "--total-timesteps"),
+        (dict(total_timesteps=-5), "--total-timesteps"),
+        (dict(eval_checkpoint="/no/such/agent.pt"), "--eval-checkpoint"),
+    ],
+)
+def test_bad_input_fails_fast_naming_the_flag(tmp_path, kw, flag):
+    with pytest.raises(SystemExit, match=flag) as excinfo:
+        ppo_cartpole.main(small_args(tmp_path / "runs", **kw))
+    assert "\n" not in str(excinfo.value)
+    assert not (tmp_path / "runs").exists()  # failed before any run directory or training
