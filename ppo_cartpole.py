@@ -52,8 +52,11 @@ Beyond CleanRL:
 
 Defaults differ from CleanRL's ppo.py (500k steps, 4 envs x 128 steps, 4 minibatches, 4 epochs,
 lr 2.5e-4, gamma 0.99, lambda 0.95) and follow rl-baselines3-zoo's tuned CartPole PPO: 8 envs x 32
-steps, 1 minibatch, 20 epochs, lr 1e-3, gamma 0.98, lambda 0.8, no entropy bonus. With those and the
-truncation bootstrap (15), 100k steps are enough to hold the maximum return of 500.
+steps, 1 minibatch, lr 1e-3, gamma 0.98, lambda 0.8, no entropy bonus; with those and the truncation
+bootstrap (15), 100k steps are enough to reach and hold the maximum return of 500. We use 10 epochs
+where the zoo uses 20: it halves the update cost, and measured here (seeds 1-5, 100k steps) both
+held a mean of >= 495 over the last 100 episodes on every seed; 16 envs x 32 steps with 10 epochs
+(half the gradient steps again) did not (164-446).
 The value-loss clipping of detail 9 is implemented but off by default (`--clip-vloss` turns it on):
 its range is clip_coef=0.2 in return units, so the critic can move at most 0.2 per update while
 CartPole values reach ~50 (gamma 0.98); measured here at 100k steps, seeds 1-5, it left 2 of 5
@@ -119,7 +122,7 @@ class Args:
     """the lambda of generalized advantage estimation"""
     num_minibatches: int = 1
     """the number of minibatches each batch is split into"""
-    update_epochs: int = 20
+    update_epochs: int = 10
     """the number of passes over each batch"""
     norm_adv: bool = True
     """normalize the advantages of each minibatch"""
@@ -335,21 +338,25 @@ def main(args: Args) -> dict:
     # detail 3: Adam eps 1e-5 (foreach=True updates all parameters in one batched call: ~2x faster here)
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, foreach=True)
 
-    obs = torch.zeros((args.num_steps, args.num_envs, obs_dim), device=device)
-    actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
-    logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
-    rewards = torch.zeros((args.num_steps, args.num_envs), device=device)
-    terminations = torch.zeros((args.num_steps, args.num_envs), device=device)
-    dones = torch.zeros((args.num_steps, args.num_envs), device=device)
-    values = torch.zeros((args.num_steps, args.num_envs), device=device)
+    # rollout storage in numpy: per-step writes are ~10x cheaper than into torch tensors, and the
+    # batch moves to torch (and the device) once per rollout
+    obs = np.zeros((args.num_steps, args.num_envs, obs_dim), dtype=np.float32)
+    actions = np.zeros((args.num_steps, args.num_envs), dtype=np.int64)
+    logprobs = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
+    rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
+    terminations = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
+    dones = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
+    values = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
     # observations that ended an episode by truncation, kept for the bootstrap (detail 15)
-    final_obs = torch.zeros((args.num_steps, args.num_envs, obs_dim), device=device)
+    final_obs = np.zeros((args.num_steps, args.num_envs, obs_dim), dtype=np.float32)
+
+    def to_torch(x):
+        return torch.as_tensor(x, device=device)
 
     episodic_returns, eval_returns = [], []
     global_step, interrupted = 0, False
     start_time = time.time()
     next_obs, _ = envs.reset(seed=args.seed)
-    next_obs = torch.as_tensor(next_obs, dtype=torch.float32, device=device)
     try:
         for iteration in range(1, args.num_iterations + 1):
             if args.anneal_lr:  # detail 4
@@ -361,16 +368,13 @@ def main(args: Args) -> dict:
                 global_step += args.num_envs
                 obs[step] = next_obs
                 with torch.inference_mode():
-                    action, logprob, _, value = agent.get_action_and_value(next_obs)
-                actions[step], logprobs[step], values[step] = action, logprob, value
+                    action, logprob, _, value = agent.get_action_and_value(to_torch(next_obs))
+                actions[step], logprobs[step], values[step] = action.cpu().numpy(), logprob.cpu().numpy(), value.cpu().numpy()
 
-                next_obs_np, reward, terminated, truncated, infos = envs.step(action.cpu().numpy())
-                rewards[step] = torch.as_tensor(reward, device=device)
-                terminations[step] = torch.as_tensor(terminated, device=device)
-                dones[step] = torch.as_tensor(np.logical_or(terminated, truncated), device=device)
-                next_obs = torch.as_tensor(next_obs_np, dtype=torch.float32, device=device)
-                for i in np.flatnonzero(truncated & ~terminated):
-                    final_obs[step, i] = torch.as_tensor(infos["final_obs"][i], device=device)
+                next_obs, rewards[step], terminations[step], truncated, infos = envs.step(actions[step])
+                dones[step] = np.logical_or(terminations[step], truncated)
+                for i in np.flatnonzero(truncated & (terminations[step] == 0)):
+                    final_obs[step, i] = infos["final_obs"][i]
                 if "_episode" in infos:
                     for i in np.flatnonzero(infos["_episode"]):
                         episodic_return = float(infos["episode"]["r"][i])
@@ -381,20 +385,20 @@ def main(args: Args) -> dict:
             # 3. advantages
             with torch.inference_mode():
                 # the state after step t is obs[t + 1] unless the episode ended at t (detail 14)
-                next_values = torch.cat([values[1:], agent.get_value(next_obs).unsqueeze(0)])
-                cut = (dones * (1.0 - terminations)).bool()
+                next_values = np.concatenate([values[1:], agent.get_value(to_torch(next_obs)).cpu().numpy()[None]])
+                cut = (dones == 1) & (terminations == 0)
                 if cut.any():
-                    next_values[cut] = agent.get_value(final_obs[cut])
-                advantages, returns = compute_gae(  # detail 5
-                    rewards, values, next_values, terminations, dones, args.gamma, args.gae_lambda
-                )
+                    next_values[cut] = agent.get_value(to_torch(final_obs[cut])).cpu().numpy()
+            advantages, returns = compute_gae(  # detail 5
+                *map(to_torch, (rewards, values, next_values, terminations, dones)), args.gamma, args.gae_lambda
+            )
 
-            b_obs = obs.reshape((-1, obs_dim))
-            b_actions = actions.reshape(-1)
-            b_logprobs = logprobs.reshape(-1)
+            b_obs = to_torch(obs.reshape((-1, obs_dim)))
+            b_actions = to_torch(actions.reshape(-1))
+            b_logprobs = to_torch(logprobs.reshape(-1))
             b_advantages = advantages.reshape(-1)
             b_returns = returns.reshape(-1)
-            b_values = values.reshape(-1)
+            b_values = to_torch(values.reshape(-1))
 
             # 4. update
             b_inds = np.arange(args.batch_size)
