@@ -1,0 +1,746 @@
+"""Token-level PPO on a causal language model (GPT-2 by default) with a KL penalty: RLHF, every detail.
+
+The same PPO as `ppo_walker2d.py`, seen through a language model: the state is the query (prompt) plus the
+response tokens so far, the action is the next token, the policy is the language model, and one episode is
+one response, which ends at its first stop token (or after `response_length` tokens). The reward comes from
+a reward model at the end of the response, minus a per-token KL penalty against a frozen reference model.
+Four models, as in the literature: the policy (trained), the reference policy (a frozen copy of the initial
+policy), the value model (a separate copy of the policy's backbone with a scalar head, trained) and the
+reward model (frozen; a sentiment classifier by default, so the default task is to make GPT-2 continue
+movie-review openings with positive sentiment: the sentiment task of OpenAI's lm-human-preferences).
+
+Papers: Ziegler et al. 2019, "Fine-Tuning Language Models from Human Preferences" (arXiv:1909.08593);
+Huang et al. 2024, "The N+ Implementation Details of RLHF with PPO: A Case Study on TL;DR Summarization"
+(arXiv:2403.17031), and the ICLR 2024 blog post "The N Implementation Details of RLHF with PPO".
+PPO: Schulman et al. 2017 (arXiv:1707.06347); GAE: Schulman et al. 2016 (arXiv:1506.02438).
+
+Usage:
+    python ppo_rlhf_gpt2.py --model-name gpt2 --reward-model lvwerra/distilbert-imdb
+    python ppo_rlhf_gpt2.py --model-name ./my-gpt2 --reward-model vader --save-model   # offline
+    tensorboard --logdir runs
+
+What the code computes, with the names it uses (t is a response token; "real" tokens are those up to and
+including the first stop token, the rest is padding):
+    pi(a_t | s_t)     = softmax(logits_t / temperature)[a_t]; logprobs / ref_logprobs for policy / reference
+    kl_t              = logprobs_t - ref_logprobs_t   (k1; k3: (q - 1) - log q with q = pi_ref / pi)
+    non_score_reward_t = -kl_coef * kl_t
+    rewards_t         = non_score_reward_t, plus scores at the last real token
+    delta_t           = rewards_t + gamma * values_{t+1} - values_t       (values after the last real token: 0)
+    advantages_t      = delta_t + gamma * gae_lambda * advantages_{t+1},   returns_t = advantages_t + values_t
+    ratio             = pi(a_t | s_t) / pi_old(a_t | s_t) = exp(newlogprob - logprobs)
+    pg_loss           = mean over real tokens of max(-A * ratio, -A * clip(ratio, 1 - clip_coef, 1 + clip_coef))
+    v_loss            = 0.5 * mean over real tokens of max((V - R)^2, (values + clip(V - values, +-clip_coef) - R)^2)
+    loss              = pg_loss + vf_coef * v_loss                        (no entropy bonus)
+`scores` are the reward model's scores of the decoded query + response, normalized (detail 9), or the
+EOS-trick penalty for responses without the stop token (detail 8).
+
+Implementation details (the code marks each one as "detail N"):
+ 1. Pad token distinct from EOS. GPT-2 has none, so "[PAD]" is added to the tokenizer: its id (50257) is
+    outside the model's vocabulary, so it can never be sampled and is never fed to a model (replaced by 0
+    under a zero attention mask). A pad id inside the vocabulary is masked out of the policy instead.
+ 2. Left padding of the queries, so every query ends in the same column and generation appends after it.
+ 3. Position ids computed from the attention mask in every forward pass (sampling, reference, value,
+    training), so a left-padded query gets the same positions as the unpadded one.
+ 4. Logits divided by the sampling temperature in every forward pass (policy and reference): the policy
+    being optimised is softmax(logits / T), the distribution the tokens were actually sampled from.
+ 5. Pure sampling (no top-k, no top-p): a handwritten loop with the KV cache samples from the full softmax,
+    and records the log-probs of the sampled tokens from the same logits.
+ 6. Dropout off in all models: they stay in eval mode, also during the update, so the training forward
+    pass computes the same function that sampled the tokens.
+ 7. Truncation after the first stop token (--stop-token): every token after it becomes padding and is
+    masked out of the KL, the values, the advantages and the losses.
+ 8. The EOS trick: a response that does not contain the stop token gets the score --missing-eos-penalty
+    instead of the reward model's score.
+ 9. Reward normalization: the reward model's scores are scaled and shifted once, before training, so that
+    the initial policy's scores have mean 0 and std 1 (lm-human-preferences); optional masked whitening of
+    the per-token rewards (--whiten-rewards).
+10. Per-token KL penalty against the frozen reference model (k1 by default, k3 with --kl-estimator k3)
+    subtracted from the reward of every real token, and the score added at the last real token.
+11. KL coefficient fixed (--kl-coef) or adaptive (--kl-target, --kl-horizon; Ziegler et al.).
+12. Value model: a separate backbone initialised from the policy, with a scalar head initialised
+    N(0, 1/sqrt(d_model + 1)) and zero bias (lm-human-preferences).
+13. GAE with gamma = 1 and lambda = 0.95 over the real tokens of each response; no bootstrap after it.
+14. Advantage whitening over the whole batch, masked (padding does not enter the mean and the std).
+15. Clipped policy loss, averaged over real tokens; no entropy bonus.
+16. Clipped value loss.
+17. Several PPO epochs over shuffled minibatches of each batch; each minibatch can be split into
+    micro-batches whose gradients are accumulated, weighted so that the sum is the minibatch's gradient.
+18. Adam with eps = 1e-5, one per trained model, each with its own gradient-norm clipping; learning rate
+    decayed linearly to 0.
+19. Every no-grad forward pass (sampling, reference, value, reward) runs batched under torch.inference_mode.
+"""
+
+import copy
+import importlib.util
+import math
+import os
+import random
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.nn as nn
+import tyro
+from torch.utils.tensorboard import SummaryWriter
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+
+
+@dataclass
+class Args:
+    # experiment
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """if toggled, cuda will be enabled when available"""
+    num_threads: int = 1
+    """number of CPU threads torch may use"""
+    runs_dir: str = "runs"
+    """directory for the TensorBoard run folders (and the saved model)"""
+    save_model: bool = False
+    """if toggled, save the policy and its tokenizer with `save_pretrained` in the run folder"""
+    log_samples_every: int = 10
+    """log a text table of sample (query, response, score) every this many iterations"""
+
+    # models and task
+    model_name: str = "gpt2"
+    """the policy: a causal LM id or local directory (AutoModelForCausalLM)"""
+    reward_model: str = "lvwerra/distilbert-imdb"
+    """a sequence-classification model id or local directory, or `vader` (offline lexicon sentiment)"""
+    reward_label: int = 1
+    """index of the reward model's logit used as the score (1 = POSITIVE for lvwerra/distilbert-imdb)"""
+    prompts_file: str | None = None
+    """a text file with one prompt per line (default: the built-in movie-review openings)"""
+    max_query_length: int = 32
+    """queries longer than this many tokens are truncated from the left"""
+    response_length: int = 24
+    """number of tokens sampled for each response"""
+    temperature: float = 0.7
+    """sampling temperature; the policy is softmax(logits / temperature)"""
+    stop_token: str = "."
+    """`eos` or a string that is a single token: responses are truncated after its first occurrence"""
+
+    # algorithm
+    total_episodes: int = 10_000
+    """total number of responses sampled during training"""
+    batch_size: int = 64
+    """number of episodes (query + response) per iteration: the PPO batch"""
+    num_minibatches: int = 4
+    """the number of minibatches each batch is split into per epoch"""
+    gradient_accumulation_steps: int = 1
+    """each minibatch is processed in this many micro-batches whose gradients are accumulated"""
+    update_epochs: int = 4
+    """the K epochs to update the policy and value model per batch"""
+    learning_rate: float = 1.41e-5
+    """the learning rate of the optimizer"""
+    anneal_lr: bool = True
+    """toggle learning rate annealing (linear decay to 0)"""
+    gamma: float = 1.0
+    """the discount factor gamma"""
+    gae_lambda: float = 0.95
+    """the lambda for the general advantage estimation"""
+    norm_adv: bool = True
+    """toggles advantage whitening"""
+    clip_coef: float = 0.2
+    """the surrogate clipping coefficient"""
+    clip_vloss: bool = True
+    """toggles whether or not to use a clipped loss for the value function"""
+    vf_coef: float = 0.1
+    """coefficient of the value function loss"""
+    max_grad_norm: float = 1.0
+    """the maximum norm for the gradient clipping"""
+    kl_coef: float = 0.15
+    """the (initial) coefficient of the per-token KL penalty"""
+    kl_estimator: Literal["k1", "k3"] = "k1"
+    """per-token KL estimator: k1 = log(pi/pi_ref), k3 = (pi_ref/pi - 1) - log(pi_ref/pi)"""
+    kl_target: float | None = 6.0
+    """adaptive KL control: target KL (per response, in nats); None keeps --kl-coef fixed"""
+    kl_horizon: int = 10_000
+    """adaptive KL control: horizon (in episodes) of the proportional controller"""
+    missing_eos_penalty: float | None = -1.0
+    """score given to responses without the stop token, replacing the reward model's (None: off)"""
+    normalize_scores: bool = True
+    """scale and shift the scores so that the initial policy's have mean 0 and std 1"""
+    norm_batches: int = 4
+    """number of batches sampled from the initial policy to compute the score normalization"""
+    whiten_rewards: bool = False
+    """whiten the per-token rewards (masked, mean kept) before computing the advantages"""
+
+    # computed in check_args
+    minibatch_size: int = 0
+    """the minibatch size (computed in runtime)"""
+    micro_batch_size: int = 0
+    """the micro-batch size (computed in runtime)"""
+    num_iterations: int = 0
+    """the number of iterations (computed in runtime)"""
+
+
+# A few dozen openings of movie reviews written for this project; the policy continues them.
+PROMPTS = [
+    "This movie was",
+    "I went into this film expecting",
+    "The acting in this one is",
+    "Honestly, the plot of this movie",
+    "From the very first scene, I",
+    "My friends dragged me to see this, and",
+    "The director clearly wanted to",
+    "I have seen a lot of westerns, but this one",
+    "The soundtrack alone",
+    "After two hours in the theater, I",
+    "The lead actress gives a performance that",
+    "This is the kind of comedy that",
+    "I rented this on a rainy Sunday and",
+    "The special effects were",
+    "Watching this with my kids,",
+    "The dialogue in the second half",
+    "If you liked the book, this adaptation",
+    "I did not expect a horror movie to",
+    "The ending of this film",
+    "Critics have called it a masterpiece, but",
+    "The cinematography is",
+    "Three words describe this movie:",
+    "I walked out of the cinema feeling",
+    "The villain in this story",
+    "It has been years since a documentary",
+    "The first twenty minutes are",
+    "As a fan of the original series, I",
+    "The chemistry between the two leads",
+    "This low-budget thriller",
+    "I watched it twice, and",
+    "The screenplay tries to",
+    "Nothing about this sequel",
+    "My expectations were low, and the film",
+    "The pacing of this movie",
+    "Every scene with the old detective",
+    "This animated feature",
+    "The costumes and sets",
+    "I can't remember the last time a movie",
+    "The story follows a young woman who",
+    "What starts as a simple romance",
+    "The humor in this film",
+    "Halfway through, I realized",
+    "This remake of a classic",
+    "The cast is full of familiar faces, and",
+    "As war films go, this one",
+    "The music, the colors, the camera work:",
+    "I really wanted to like this movie, but",
+    "The child actors in this film",
+    "By the time the credits rolled,",
+    "This is a slow film that",
+    "The twist at the end",
+    "Compared to the director's earlier work,",
+    "Nobody in my family",
+    "The script was written by",
+    "On paper, this movie",
+    "The action sequences",
+    "I saw this at a small festival and",
+    "This musical",
+    "The performances are uneven, but",
+    "For a film about friendship, it",
+    "The first time I saw this movie,",
+    "This science fiction epic",
+    "Despite the famous cast, the film",
+    "The editing makes every scene",
+    "The movie opens with a long shot of",
+    "I laughed, I cried, and",
+    "The small town setting",
+    "Years from now, people will",
+    "This courtroom drama",
+    "The heist in the middle of the film",
+    "It is rare for a family movie to",
+    "The best thing about this film is",
+]
+
+
+def check_args(args: Args) -> None:
+    """Validate the arguments and compute the derived sizes; fail before any model is loaded."""
+    for flag, value in [("--response-length", args.response_length), ("--max-query-length", args.max_query_length),
+                        ("--batch-size", args.batch_size), ("--num-minibatches", args.num_minibatches),
+                        ("--gradient-accumulation-steps", args.gradient_accumulation_steps),
+                        ("--update-epochs", args.update_epochs), ("--norm-batches", args.norm_batches),
+                        ("--log-samples-every", args.log_samples_every), ("--num-threads", args.num_threads)]:
+        if value < 1:
+            raise SystemExit(f"error: {flag} must be at least 1 (got {value})")
+    if args.temperature <= 0:
+        raise SystemExit(f"error: --temperature must be positive (got {args.temperature})")
+    if args.batch_size % args.num_minibatches != 0:
+        raise SystemExit(f"error: --batch-size {args.batch_size} is not divisible by --num-minibatches "
+                         f"{args.num_minibatches}; choose a batch size that is a multiple of it")
+    args.minibatch_size = args.batch_size // args.num_minibatches
+    if args.minibatch_size % args.gradient_accumulation_steps != 0:
+        raise SystemExit(f"error: the minibatch size {args.minibatch_size} (--batch-size / --num-minibatches) is not "
+                         f"divisible by --gradient-accumulation-steps {args.gradient_accumulation_steps}")
+    args.micro_batch_size = args.minibatch_size // args.gradient_accumulation_steps
+    if args.total_episodes < args.batch_size:
+        raise SystemExit(f"error: --total-episodes {args.total_episodes} is smaller than one batch "
+                         f"(--batch-size {args.batch_size})")
+    args.num_iterations = args.total_episodes // args.batch_size
+    if args.kl_estimator not in ("k1", "k3"):
+        raise SystemExit(f"error: --kl-estimator must be k1 or k3 (got {args.kl_estimator!r})")
+    if args.kl_target is not None and (args.kl_target <= 0 or args.kl_horizon < 1):
+        raise SystemExit("error: --kl-target must be positive and --kl-horizon at least 1 (or --kl-target None)")
+    if not args.stop_token:
+        raise SystemExit("error: --stop-token must be `eos` or a single-token string such as `.`")
+    for flag, name in [("--model-name", args.model_name), ("--reward-model", args.reward_model)]:
+        # A path (not a hub id) that does not exist fails here, without asking the network.
+        if (os.path.isabs(name) or name.startswith((".", "~"))) and not os.path.isdir(os.path.expanduser(name)):
+            raise SystemExit(f"error: {flag} {name}: no such directory")
+    if args.prompts_file is not None and not os.path.isfile(args.prompts_file):
+        raise SystemExit(f"error: --prompts-file {args.prompts_file}: no such file")
+    if args.reward_model == "vader" and importlib.util.find_spec("vaderSentiment") is None:
+        raise SystemExit("error: --reward-model vader needs the vaderSentiment package (pip install vaderSentiment)")
+
+
+def from_pretrained(auto_class, name: str, flag: str, **kwargs):
+    """Load a model or tokenizer; if it cannot be loaded, stop with a message that says what to pass instead."""
+    try:
+        return auto_class.from_pretrained(name, **kwargs)
+    except (OSError, ValueError) as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise SystemExit(f"error: {flag} {name!r} could not be loaded ({reason}). Without network access, pass a "
+                         f"local directory written by save_pretrained (and set HF_HUB_OFFLINE=1 to skip the retries).")
+
+
+def load_tokenizer(model_name: str, stop_token: str):
+    """The policy's tokenizer, set up for RLHF; returns it with the pad and stop token ids."""
+    # detail 2: left padding (and left truncation) of the queries
+    tokenizer = from_pretrained(AutoTokenizer, model_name, "--model-name", padding_side="left",
+                                truncation_side="left")
+    if tokenizer.pad_token is None or tokenizer.pad_token_id == tokenizer.eos_token_id:
+        # detail 1: a pad token distinct from EOS, so that padding and a sampled EOS are never confused
+        tokenizer.add_special_tokens({"pad_token": "[PAD]"})
+    if stop_token == "eos":
+        if tokenizer.eos_token_id is None:
+            raise SystemExit(f"error: --stop-token eos: the tokenizer of {model_name} has no EOS token")
+        return tokenizer, tokenizer.pad_token_id, tokenizer.eos_token_id
+    stop_ids = tokenizer.encode(stop_token, add_special_tokens=False)
+    if len(stop_ids) != 1:
+        raise SystemExit(f"error: --stop-token {stop_token!r} is {len(stop_ids)} tokens for this tokenizer; "
+                         f"pass `eos` or a string that is a single token, such as `.`")
+    return tokenizer, tokenizer.pad_token_id, stop_ids[0]
+
+
+def load_prompts(prompts_file: str | None) -> list[str]:
+    if prompts_file is None:
+        return list(PROMPTS)
+    with open(prompts_file) as f:
+        prompts = [line.strip() for line in f if line.strip()]
+    if not prompts:
+        raise SystemExit(f"error: --prompts-file {prompts_file} contains no prompts")
+    return prompts
+
+
+def load_reward_fn(args: Args, device: torch.device):
+    """Return a function that maps a list of texts to a tensor of scores (higher = better)."""
+    if args.reward_model == "vader":
+        from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
+
+        analyzer = SentimentIntensityAnalyzer()
+        return lambda texts: torch.tensor([analyzer.polarity_scores(t)["compound"] for t in texts], device=device)
+
+    reward_tokenizer = from_pretrained(AutoTokenizer, args.reward_model, "--reward-model")
+    reward_model = from_pretrained(AutoModelForSequenceClassification, args.reward_model, "--reward-model",
+                                   dtype=torch.float32).to(device)
+    reward_model.eval().requires_grad_(False)  # detail 6
+    if not 0 <= args.reward_label < reward_model.config.num_labels:
+        raise SystemExit(f"error: --reward-label {args.reward_label} is not one of the reward model's "
+                         f"{reward_model.config.num_labels} labels {reward_model.config.id2label}")
+    if reward_tokenizer.pad_token is None:
+        # The reward model reads plain detokenized text, without special tokens, so EOS is a safe pad here.
+        reward_tokenizer.pad_token = reward_tokenizer.eos_token
+    reward_model.config.pad_token_id = reward_tokenizer.pad_token_id
+
+    @torch.inference_mode()  # detail 19
+    def reward_fn(texts: list[str]) -> torch.Tensor:
+        # The reward model reads the text with its own tokenizer, not the policy's token ids.
+        inputs = reward_tokenizer(texts, padding=True, truncation=True, return_tensors="pt").to(device)
+        return reward_model(**inputs).logits[:, args.reward_label].float()
+
+    return reward_fn
+
+
+def prompt_stream(num_prompts: int, seed: int):
+    """Yield prompt indices forever, one shuffled pass over the prompts after another."""
+    rng = random.Random(seed)
+    while True:
+        order = list(range(num_prompts))
+        rng.shuffle(order)
+        yield from order
+
+
+class ValueModel(nn.Module):
+    """V(s_t): a transformer backbone (a copy of the policy's) with a scalar head on every position."""
+
+    def __init__(self, backbone: nn.Module, hidden_size: int):
+        super().__init__()
+        self.backbone = backbone
+        self.head = nn.Linear(hidden_size, 1)
+        # detail 12: value head initialised N(0, 1/sqrt(d_model + 1)), zero bias
+        nn.init.normal_(self.head.weight, std=1 / math.sqrt(hidden_size + 1))
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, **inputs) -> torch.Tensor:
+        return self.head(self.backbone(**inputs).last_hidden_state).squeeze(-1)
+
+
+def model_inputs(query_responses: torch.Tensor, pad_token_id: int) -> dict:
+    """The inputs of every forward pass over (left-padded query, response) token ids."""
+    attention_mask = query_responses != pad_token_id
+    # detail 3: position ids from the attention mask: the first real token is at position 0 whatever the padding
+    position_ids = attention_mask.cumsum(1) - attention_mask.long()
+    # detail 1: the pad id may be outside the vocabulary; padded positions are masked out, so any id will do
+    input_ids = query_responses.masked_fill(~attention_mask, 0)
+    return dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+
+
+def scale_logits(logits: torch.Tensor, temperature: float, pad_token_id: int) -> torch.Tensor:
+    """detail 4: the policy is softmax(logits / temperature), in every forward pass."""
+    logits = logits / temperature
+    if pad_token_id < logits.shape[-1]:
+        # detail 1: a pad id inside the vocabulary is never a valid action (it would be read as padding)
+        logits[..., pad_token_id] = torch.finfo(logits.dtype).min
+    return logits
+
+
+def response_logits(model, query_responses: torch.Tensor, context_length: int, temperature: float,
+                    pad_token_id: int) -> torch.Tensor:
+    """Scaled logits of the distributions the response tokens were sampled from: (batch, response_length, vocab)."""
+    response_length = query_responses.shape[1] - context_length
+    # The logits at position i predict token i + 1: keep the last response_length + 1 and drop the final one.
+    output = model(**model_inputs(query_responses, pad_token_id), logits_to_keep=response_length + 1)
+    return scale_logits(output.logits[:, :-1], temperature, pad_token_id)
+
+
+def gather_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    return logits.log_softmax(-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+@torch.inference_mode()  # detail 19
+def generate(policy, queries: torch.Tensor, response_length: int, temperature: float, pad_token_id: int):
+    """Sample response_length tokens after each left-padded query, with the KV cache.
+
+    Returns the responses and the log-probs of the sampled tokens, both (batch, response_length)."""
+    inputs = model_inputs(queries, pad_token_id)  # details 2, 3: left-padded queries, positions from the mask
+    attention_mask, position_ids = inputs["attention_mask"], inputs["position_ids"]
+    input_ids, past_key_values = inputs["input_ids"], None
+    responses, logprobs = [], []
+    for _ in range(response_length):
+        output = policy(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                        past_key_values=past_key_values, use_cache=True, logits_to_keep=1)
+        past_key_values = output.past_key_values
+        logits = scale_logits(output.logits[:, -1], temperature, pad_token_id)  # detail 4
+        # detail 5: pure sampling from the full distribution (no top-k, no top-p)
+        token = torch.multinomial(logits.softmax(-1), num_samples=1)
+        responses.append(token)
+        logprobs.append(gather_logprobs(logits, token.squeeze(-1)))
+        # The next step feeds only the new token; the cache holds the rest.
+        input_ids = token
+        attention_mask = torch.cat([attention_mask, torch.ones_like(token, dtype=torch.bool)], dim=1)
+        position_ids = position_ids[:, -1:] + 1
+    return torch.cat(responses, dim=1), torch.stack(logprobs, dim=1)
+
+
+def truncate_after_stop_token(responses: torch.Tensor, stop_token_id: int, pad_token_id: int):
+    """detail 7: keep each response up to and including its first stop token and pad everything after it.
+
+    Returns the truncated responses, the padding mask (True after the last real token) and whether each
+    response contains the stop token."""
+    is_stop = responses == stop_token_id
+    contain_stop = is_stop.any(dim=1)
+    last_index = torch.where(contain_stop, is_stop.int().argmax(dim=1), responses.shape[1] - 1)
+    padding_mask = torch.arange(responses.shape[1], device=responses.device) > last_index.unsqueeze(1)
+    return responses.masked_fill(padding_mask, pad_token_id), padding_mask, contain_stop
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of x where mask is True; masked entries cannot leak in, even as inf or nan."""
+    return torch.where(mask, x, 0.0).sum() / mask.sum()
+
+
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
+    """(x - mean) / std over the entries where mask is True (unbiased variance); masked entries become 0."""
+    mean = masked_mean(x, mask)
+    var = masked_mean((x - mean) ** 2, mask) * mask.sum() / (mask.sum() - 1).clamp(min=1)
+    whitened = (x - mean) * torch.rsqrt(var + 1e-8)
+    if not shift_mean:
+        whitened = whitened + mean
+    return torch.where(mask, whitened, 0.0)
+
+
+def compute_rewards(scores, contain_stop, missing_eos_penalty, logprobs, ref_logprobs, padding_mask, kl_coef,
+                    kl_estimator="k1"):
+    """Per-token rewards: -kl_coef * kl on every real token, plus the score at the last real token.
+
+    Returns rewards, kl and non_score_reward (batch, response_length), all 0 after the last real token, and
+    the scores after the EOS trick (batch,)."""
+    if missing_eos_penalty is not None:
+        # detail 8: the EOS trick: no stop token, no reward-model score
+        scores = torch.where(contain_stop, scores, torch.full_like(scores, missing_eos_penalty))
+    # detail 10: per-token KL penalty against the reference policy
+    logr = ref_logprobs - logprobs  # log(pi_ref / pi) of the sampled token
+    kl = -logr if kl_estimator == "k1" else (logr.exp() - 1) - logr
+    kl = kl.masked_fill(padding_mask, 0.0)
+    non_score_reward = -kl_coef * kl
+    rewards = non_score_reward.clone()
+    last_index = (~padding_mask).sum(dim=1) - 1
+    rewards[torch.arange(rewards.shape[0], device=rewards.device), last_index] += scores
+    return rewards, kl, non_score_reward, scores
+
+
+def compute_gae(rewards, values, padding_mask, gamma: float, gae_lambda: float):
+    """detail 13: generalized advantage estimation over the real tokens of each response.
+
+    The episode ends at its last real token: the values after it count as 0 (no bootstrap), and the
+    rewards there are 0, so padding adds nothing. Returns advantages and returns (batch, response_length)."""
+    values = values.masked_fill(padding_mask, 0.0)
+    response_length = rewards.shape[1]
+    advantages = torch.zeros_like(rewards)
+    lastgaelam = torch.zeros_like(rewards[:, 0])
+    for t in reversed(range(response_length)):
+        nextvalues = values[:, t + 1] if t < response_length - 1 else torch.zeros_like(values[:, t])
+        delta = rewards[:, t] + gamma * nextvalues - values[:, t]
+        lastgaelam = delta + gamma * gae_lambda * lastgaelam
+        advantages[:, t] = lastgaelam
+    returns = advantages + values
+    return advantages.masked_fill(padding_mask, 0.0), returns.masked_fill(padding_mask, 0.0)
+
+
+def policy_loss(newlogprob, logprobs, advantages, mask, clip_coef: float):
+    """Clipped surrogate objective (detail 15), averaged over the real tokens (mask True), as a loss to
+    minimize. Returns (pg_loss, ratio, logratio)."""
+    logratio = newlogprob - logprobs
+    ratio = logratio.exp()
+    pg_loss1 = -advantages * ratio
+    pg_loss2 = -advantages * torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef)
+    return masked_mean(torch.max(pg_loss1, pg_loss2), mask), ratio, logratio
+
+
+def value_loss(newvalue, values, returns, mask, clip_coef: float, clip_vloss: bool):
+    """Squared-error value loss averaged over the real tokens, optionally clipped around the rollout's
+    values (detail 16)."""
+    v_loss_unclipped = (newvalue - returns) ** 2
+    if not clip_vloss:
+        return 0.5 * masked_mean(v_loss_unclipped, mask)
+    v_clipped = values + torch.clamp(newvalue - values, -clip_coef, clip_coef)
+    v_loss_clipped = (v_clipped - returns) ** 2
+    return 0.5 * masked_mean(torch.max(v_loss_unclipped, v_loss_clipped), mask)
+
+
+def adaptive_kl_coef(kl_coef: float, kl: float, kl_target: float, kl_horizon: int, n_steps: int) -> float:
+    """detail 11: the proportional KL controller of Ziegler et al. (2019)."""
+    proportional_error = float(np.clip(kl / kl_target - 1, -0.2, 0.2))
+    return kl_coef * (1 + proportional_error * n_steps / kl_horizon)
+
+
+def markdown_table(rows: list[tuple], header: tuple) -> str:
+    def cell(x):
+        return str(x).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["|" + "|".join(header) + "|", "|" + "|".join("-" for _ in header) + "|"]
+    return "\n".join(lines + ["|" + "|".join(cell(x) for x in row) + "|" for row in rows])
+
+
+def main(args: Args) -> dict:
+    # 1. setup
+    check_args(args)
+    run_name = f"{args.exp_name}__{args.seed}__{int(time.time())}"
+    run_dir = os.path.join(args.runs_dir, run_name)
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    torch.set_num_threads(args.num_threads)
+    if args.cuda and not torch.cuda.is_available():
+        print("CUDA is not available: running on the CPU")
+    device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
+
+    prompts = load_prompts(args.prompts_file)
+    tokenizer, pad_token_id, stop_token_id = load_tokenizer(args.model_name, args.stop_token)
+    policy = from_pretrained(AutoModelForCausalLM, args.model_name, "--model-name", dtype=torch.float32).to(device)
+    # detail 6: dropout off in all models: eval mode everywhere, also while training
+    policy.eval()
+    ref_policy = copy.deepcopy(policy).requires_grad_(False)  # the frozen reference: the initial policy
+    # detail 12: the value model is a separate copy of the policy's backbone, with its own scalar head
+    value_model = ValueModel(copy.deepcopy(policy.base_model), policy.config.hidden_size).to(device).eval()
+    reward_fn = load_reward_fn(args, device)
+    # detail 18: Adam with eps 1e-5. The two trained models share no parameters, so each gets its own
+    # optimizer and takes its step as soon as its gradient is complete: the policy's gradients are freed
+    # before the value model's are computed, which keeps one model's gradients in memory, not two.
+    # fused: one in-place kernel per tensor, faster and without full-size temporaries.
+    policy_optimizer = torch.optim.Adam(policy.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    value_optimizer = torch.optim.Adam(value_model.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+
+    prompt_indices = prompt_stream(len(prompts), args.seed)
+
+    def sample_queries() -> torch.Tensor:
+        batch = [prompts[next(prompt_indices)] for _ in range(args.batch_size)]
+        return tokenizer(batch, padding=True, truncation=True, max_length=args.max_query_length,
+                         return_tensors="pt")["input_ids"].to(device)
+
+    def decode(token_ids: torch.Tensor) -> list[str]:
+        return tokenizer.batch_decode(token_ids, skip_special_tokens=True)
+
+    # detail 9: reward normalization, computed once from the initial policy's samples
+    score_gain, score_bias = 1.0, 0.0
+    if args.normalize_scores:
+        raw_scores = []
+        for _ in range(args.norm_batches):
+            queries = sample_queries()
+            responses, _ = generate(policy, queries, args.response_length, args.temperature, pad_token_id)
+            responses, _, _ = truncate_after_stop_token(responses, stop_token_id, pad_token_id)
+            raw_scores.append(reward_fn(decode(torch.cat([queries, responses], dim=1))))
+        raw_scores = torch.cat(raw_scores)
+        score_gain = 1.0 / (raw_scores.std().item() + 1e-8)
+        score_bias = -raw_scores.mean().item() * score_gain
+
+    writer = SummaryWriter(run_dir)
+    writer.add_text("hyperparameters", markdown_table([(k, v) for k, v in vars(args).items()], ("param", "value")))
+    kl_coef = args.kl_coef
+    stats = {}
+    start_time = time.time()
+    try:
+        for iteration in range(1, args.num_iterations + 1):
+            if args.anneal_lr:  # detail 18: linear learning-rate decay
+                frac = 1.0 - (iteration - 1.0) / args.num_iterations
+                for optimizer in (policy_optimizer, value_optimizer):
+                    optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+
+            # 2. rollout: sample the responses, then score them with the reference, value and reward models
+            iteration_start = time.time()
+            queries = sample_queries()
+            context_length = queries.shape[1]
+            responses, logprobs = generate(policy, queries, args.response_length, args.temperature, pad_token_id)
+            generation_time = time.time() - iteration_start
+            with torch.inference_mode():  # detail 19
+                responses, padding_mask, contain_stop = truncate_after_stop_token(responses, stop_token_id,
+                                                                                  pad_token_id)
+                query_responses = torch.cat([queries, responses], dim=1)
+                ref_logits = response_logits(ref_policy, query_responses, context_length, args.temperature,
+                                             pad_token_id)
+                ref_logprobs = gather_logprobs(ref_logits, responses.masked_fill(padding_mask, 0))
+                del ref_logits
+                # V(s_t) is read at the position just before token t, like the logits that sampled token t.
+                values = value_model(**model_inputs(query_responses, pad_token_id))[:, context_length - 1 : -1]
+                raw_scores = reward_fn(decode(query_responses))
+                scores = score_gain * raw_scores + score_bias  # detail 9
+            scoring_time = time.time() - iteration_start - generation_time
+
+            # 3. advantages
+            with torch.inference_mode():
+                rewards, kl, non_score_reward, scores = compute_rewards(
+                    scores, contain_stop, args.missing_eos_penalty, logprobs, ref_logprobs, padding_mask, kl_coef,
+                    args.kl_estimator)
+                response_mask = ~padding_mask
+                if args.whiten_rewards:  # detail 9: optional reward whitening, keeping the mean
+                    rewards = masked_whiten(rewards, response_mask, shift_mean=False)
+                advantages, returns = compute_gae(rewards, values, padding_mask, args.gamma, args.gae_lambda)
+                if args.norm_adv:  # detail 14: advantage whitening over the whole batch, masked
+                    advantages = masked_whiten(advantages, response_mask)
+
+            # 4. update
+            update_start = time.time()
+            log = {k: [] for k in ("pg_loss", "v_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac", "ratio")}
+            for epoch in range(args.update_epochs):  # detail 17: several epochs over shuffled minibatches
+                b_inds = torch.randperm(args.batch_size, device=device)
+                for start in range(0, args.batch_size, args.minibatch_size):
+                    mb_inds = b_inds[start : start + args.minibatch_size]
+                    minibatch_tokens = response_mask[mb_inds].sum()
+                    micro_batches = [mb_inds[i : i + args.micro_batch_size]
+                                     for i in range(0, args.minibatch_size, args.micro_batch_size)]
+                    for micro_inds in micro_batches:  # the policy step
+                        mask = response_mask[micro_inds]
+                        logits = response_logits(policy, query_responses[micro_inds], context_length,
+                                                 args.temperature, pad_token_id)
+                        newlogprob = gather_logprobs(logits, responses[micro_inds].masked_fill(~mask, 0))
+                        pg_loss, ratio, logratio = policy_loss(newlogprob, logprobs[micro_inds],
+                                                               advantages[micro_inds], mask, args.clip_coef)
+                        # detail 17: weight each micro-batch by its share of the minibatch's real tokens, so
+                        # the accumulated gradient is that of the token mean over the whole minibatch
+                        (pg_loss * mask.sum() / minibatch_tokens).backward()
+                        with torch.no_grad():
+                            entropy = torch.logsumexp(logits, -1) - (logits.softmax(-1) * logits).sum(-1)
+                            log["pg_loss"].append(pg_loss.item())
+                            log["entropy"].append(masked_mean(entropy, mask).item())
+                            log["old_approx_kl"].append(masked_mean(-logratio, mask).item())
+                            log["approx_kl"].append(masked_mean((ratio - 1) - logratio, mask).item())
+                            log["clipfrac"].append(masked_mean(((ratio - 1.0).abs() > args.clip_coef).float(),
+                                                               mask).item())
+                            log["ratio"].append(masked_mean(ratio, mask).item())
+                        del logits, newlogprob, entropy
+                    nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)  # detail 18
+                    policy_optimizer.step()
+                    policy_optimizer.zero_grad(set_to_none=True)
+
+                    for micro_inds in micro_batches:  # the value step
+                        mask = response_mask[micro_inds]
+                        newvalue = value_model(**model_inputs(query_responses[micro_inds], pad_token_id))
+                        newvalue = newvalue[:, context_length - 1 : -1]
+                        v_loss = value_loss(newvalue, values[micro_inds], returns[micro_inds], mask, args.clip_coef,
+                                            args.clip_vloss)
+                        # the loss is pg_loss + vf_coef * v_loss; the value model only sees the second term
+                        (args.vf_coef * v_loss * mask.sum() / minibatch_tokens).backward()
+                        log["v_loss"].append(v_loss.item())
+                    nn.utils.clip_grad_norm_(value_model.parameters(), args.max_grad_norm)  # detail 18
+                    value_optimizer.step()
+                    value_optimizer.zero_grad(set_to_none=True)
+            update_time = time.time() - update_start
+
+            # 5. logging
+            mean_kl = kl.sum(1).mean().item()
+            mean_non_score_reward = non_score_reward.sum(1).mean().item()
+            y_pred, y_true = values[response_mask], returns[response_mask]
+            var_y = y_true.var().item()
+            stats = {
+                "charts/learning_rate": policy_optimizer.param_groups[0]["lr"],
+                "charts/SPS": iteration * args.batch_size * args.response_length / (time.time() - start_time),
+                "charts/episodic_return": mean_non_score_reward + scores.mean().item(),
+                "charts/episodic_length": response_mask.sum(1).float().mean().item(),
+                "losses/value_loss": np.mean(log["v_loss"]),
+                "losses/policy_loss": np.mean(log["pg_loss"]),
+                "losses/entropy": np.mean(log["entropy"]),
+                "losses/old_approx_kl": np.mean(log["old_approx_kl"]),
+                "losses/approx_kl": np.mean(log["approx_kl"]),
+                "losses/clipfrac": np.mean(log["clipfrac"]),
+                "losses/explained_variance": np.nan if var_y == 0 else 1 - (y_true - y_pred).var().item() / var_y,
+                "objective/scores": scores.mean().item(),
+                "objective/raw_scores": raw_scores.mean().item(),
+                "objective/kl": mean_kl,
+                "objective/kl_coef": kl_coef,
+                "objective/non_score_reward": mean_non_score_reward,
+                "objective/rlhf_reward": mean_non_score_reward + scores.mean().item(),
+                "objective/entropy": (-logprobs).masked_fill(padding_mask, 0).sum(1).mean().item(),
+                "val/num_eos_tokens": contain_stop.sum().item(),
+                "val/ratio": np.mean(log["ratio"]),
+                "time/generation": generation_time,
+                "time/scoring": scoring_time,
+                "time/update": update_time,
+            }
+            for tag, value in stats.items():
+                writer.add_scalar(tag, value, iteration)
+            if iteration == 1 or iteration % args.log_samples_every == 0 or iteration == args.num_iterations:
+                rows = list(zip(decode(queries), decode(responses), [f"{s:.3f}" for s in scores.tolist()]))
+                writer.add_text("samples", markdown_table(rows[:8], ("query", "response", "score")), iteration)
+            print(f"iteration {iteration}/{args.num_iterations} score {stats['objective/scores']:.3f} "
+                  f"kl {mean_kl:.3f} kl_coef {kl_coef:.4f} SPS {stats['charts/SPS']:.1f}")
+
+            if args.kl_target is not None:  # detail 11: adaptive KL coefficient
+                kl_coef = adaptive_kl_coef(kl_coef, mean_kl, args.kl_target, args.kl_horizon, args.batch_size)
+
+        # 6. save / evaluate
+        if args.save_model:
+            model_path = os.path.join(run_dir, "model")
+            policy.save_pretrained(model_path)
+            tokenizer.save_pretrained(model_path)
+            print(f"policy saved to {model_path}")
+    finally:
+        writer.close()
+    return {"run_dir": run_dir, **stats}
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))

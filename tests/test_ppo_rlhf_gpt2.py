@@ -1,0 +1,387 @@
+"""Tests of ppo_rlhf_gpt2.py, offline: a tiny GPT-2, its tokenizer and a tiny reward model are built here,
+saved with save_pretrained, and loaded by the script's own loading code."""
+
+import math
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported: never wait on the network
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import (AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2ForSequenceClassification,
+                          GPT2LMHeadModel, PreTrainedTokenizerFast)
+
+import ppo_rlhf_gpt2 as rlhf
+
+EOS = "<|endoftext|>"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny GPT-2 policy (with dropout in its config, sdpa attention, no pad token, like GPT-2), and a tiny
+    sequence-classification reward model, saved to a temporary directory."""
+    root = tmp_path_factory.mktemp("tiny_models")
+    texts = rlhf.PROMPTS + ["It was great. I loved it. The best film of the year.",
+                            "Terrible acting, an awful plot. A bad movie.", "Some scenes work. Others do not."]
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.train_from_iterator(texts, trainers.BpeTrainer(
+        vocab_size=400, special_tokens=[EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False))
+    hf_tokenizer = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=EOS, eos_token=EOS, unk_token=EOS)
+    assert hf_tokenizer.pad_token is None
+    eos_id = hf_tokenizer.eos_token_id
+
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=len(hf_tokenizer), n_positions=128, n_embd=32, n_layer=2, n_head=2,
+                        bos_token_id=eos_id, eos_token_id=eos_id)
+    assert config.resid_pdrop > 0 and config.attn_pdrop > 0  # dropout must be switched off by the script
+    GPT2LMHeadModel(config).save_pretrained(root / "policy")
+    hf_tokenizer.save_pretrained(root / "policy")
+    reward_config = GPT2Config(vocab_size=len(hf_tokenizer), n_positions=128, n_embd=32, n_layer=1, n_head=2,
+                               num_labels=2, bos_token_id=eos_id, eos_token_id=eos_id)
+    GPT2ForSequenceClassification(reward_config).save_pretrained(root / "reward")
+    hf_tokenizer.save_pretrained(root / "reward")
+    return {"policy": str(root / "policy"), "reward": str(root / "reward"), "root": root}
+
+
+def tiny_args(tiny, tmp_path, **overrides) -> rlhf.Args:
+    defaults = dict(model_name=tiny["policy"], reward_model=tiny["reward"], runs_dir=str(tmp_path / "runs"),
+                    cuda=False, batch_size=8, num_minibatches=2, total_episodes=16, response_length=8,
+                    norm_batches=1)
+    defaults.update(overrides)
+    return rlhf.Args(**defaults)
+
+
+def read_scalars(run_dir) -> dict:
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    return {tag: [e.value for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+# ---------------------------------------------------------------------------------------------- arguments
+
+
+@pytest.mark.parametrize("overrides, flag", [
+    (dict(response_length=0), "--response-length"),
+    (dict(batch_size=10, num_minibatches=4), "--batch-size"),
+    (dict(batch_size=8, num_minibatches=2, gradient_accumulation_steps=3), "--gradient-accumulation-steps"),
+    (dict(total_episodes=4), "--total-episodes"),
+    (dict(temperature=0.0), "--temperature"),
+    (dict(model_name="/no/such/model/dir"), "--model-name"),
+    (dict(reward_model="./no/such/reward/dir"), "--reward-model"),
+    (dict(prompts_file="/no/such/prompts.txt"), "--prompts-file"),
+])
+def test_bad_arguments_fail_before_loading(tiny, tmp_path, overrides, flag):
+    start = time.time()
+    with pytest.raises(SystemExit, match=flag):
+        rlhf.main(tiny_args(tiny, tmp_path, **overrides))
+    assert time.time() - start < 5
+    assert not (tmp_path / "runs").exists()
+
+
+def test_unloadable_models_fail_fast_with_a_hint(tiny, tmp_path):
+    for overrides, flag in [(dict(model_name="no-such-org/no-such-model"), "--model-name"),
+                            (dict(reward_model="no-such-org/no-such-reward-model"), "--reward-model")]:
+        start = time.time()
+        with pytest.raises(SystemExit, match=f"{flag}.*local directory"):
+            rlhf.main(tiny_args(tiny, tmp_path, **overrides))
+        assert time.time() - start < 30  # no network retries with HF_HUB_OFFLINE=1
+    with pytest.raises(SystemExit, match="--stop-token"):
+        rlhf.main(tiny_args(tiny, tmp_path, stop_token="a multi token stop"))
+    with pytest.raises(SystemExit, match="--reward-label"):
+        rlhf.main(tiny_args(tiny, tmp_path, reward_label=5))
+
+
+def test_prompts(tmp_path):
+    assert len(rlhf.PROMPTS) >= 64 and len(set(rlhf.PROMPTS)) == len(rlhf.PROMPTS)
+    assert all(p.strip() == p and p for p in rlhf.PROMPTS)
+    path = tmp_path / "prompts.txt"
+    path.write_text("first prompt\n\n  second prompt  \n")
+    assert rlhf.load_prompts(str(path)) == ["first prompt", "second prompt"]
+    path.write_text("\n\n")
+    with pytest.raises(SystemExit, match="--prompts-file"):
+        rlhf.load_prompts(str(path))
+
+
+def test_tokenizer_gets_a_pad_token_distinct_from_eos(tiny):
+    tokenizer, pad_token_id, stop_token_id = rlhf.load_tokenizer(tiny["policy"], "eos")
+    assert pad_token_id is not None and pad_token_id != tokenizer.eos_token_id
+    assert stop_token_id == tokenizer.eos_token_id
+    assert tokenizer.padding_side == "left"
+    _, _, dot_id = rlhf.load_tokenizer(tiny["policy"], ".")
+    assert tokenizer.decode([dot_id]) == "."
+
+
+# ---------------------------------------------------------------------------------------------- the math
+
+
+def test_truncate_after_stop_token():
+    stop, pad = 7, 99
+    responses = torch.tensor([[1, 7, 2, 7], [1, 2, 3, 4], [7, 1, 1, 1]])
+    truncated, padding_mask, contain_stop = rlhf.truncate_after_stop_token(responses, stop, pad)
+    assert truncated.tolist() == [[1, 7, pad, pad], [1, 2, 3, 4], [7, pad, pad, pad]]
+    assert padding_mask.tolist() == [[False, False, True, True], [False] * 4, [False, True, True, True]]
+    assert contain_stop.tolist() == [True, False, True]
+
+
+@pytest.mark.parametrize("kl_estimator", ["k1", "k3"])
+@pytest.mark.parametrize("missing_eos_penalty", [-1.0, None])
+def test_per_token_rewards(kl_estimator, missing_eos_penalty):
+    torch.manual_seed(0)
+    responses = torch.tensor([[3, 5, 7, 3, 3], [3, 3, 3, 3, 3], [7, 5, 5, 5, 5]])  # stop token 7
+    _, padding_mask, contain_stop = rlhf.truncate_after_stop_token(responses, 7, 0)
+    logprobs, ref_logprobs = -torch.rand(3, 5) * 3, -torch.rand(3, 5) * 3
+    scores, kl_coef = torch.tensor([2.0, 3.0, -4.0]), 0.1
+    rewards, kl, non_score_reward, final_scores = rlhf.compute_rewards(
+        scores, contain_stop, missing_eos_penalty, logprobs, ref_logprobs, padding_mask, kl_coef, kl_estimator)
+    for i, last in enumerate([2, 4, 0]):
+        for t in range(5):
+            log_q = (ref_logprobs[i, t] - logprobs[i, t]).item()
+            expected_kl = -log_q if kl_estimator == "k1" else math.exp(log_q) - 1 - log_q
+            if t > last:  # after the stop token: nothing
+                assert rewards[i, t] == 0 and kl[i, t] == 0 and non_score_reward[i, t] == 0
+                continue
+            assert kl[i, t].item() == pytest.approx(expected_kl, abs=1e-6)
+            expected = -kl_coef * expected_kl
+            if t == last:  # the score (or the EOS penalty) lands on the last real token only
+                has_stop = i != 1
+                expected += scores[i].item() if has_stop or missing_eos_penalty is None else missing_eos_penalty
+            assert rewards[i, t].item() == pytest.approx(expected, abs=1e-6)
+    expected_scores = scores.clone()
+    if missing_eos_penalty is not None:
+        expected_scores[1] = missing_eos_penalty  # only the response without the stop token is penalized
+    assert torch.equal(final_scores, expected_scores)
+    if kl_estimator == "k3":
+        assert (kl >= 0).all()
+
+
+def reference_gae(rewards, values, lengths, gamma, gae_lambda):
+    """One response at a time, over its real tokens only; the value after the last real token is 0."""
+    advantages = torch.zeros_like(rewards)
+    for i, n in enumerate(lengths):
+        running = 0.0
+        for t in reversed(range(n)):
+            next_value = values[i, t + 1].item() if t + 1 < n else 0.0
+            delta = rewards[i, t].item() + gamma * next_value - values[i, t].item()
+            running = delta + gamma * gae_lambda * running
+            advantages[i, t] = running
+    returns = advantages + values
+    for i, n in enumerate(lengths):
+        returns[i, n:] = 0
+    return advantages, returns
+
+
+@pytest.mark.parametrize("gamma, gae_lambda", [(1.0, 0.95), (0.9, 0.5)])
+def test_gae_on_masked_sequences(gamma, gae_lambda):
+    torch.manual_seed(1)
+    lengths = [6, 1, 3, 4]
+    padding_mask = torch.arange(6) >= torch.tensor(lengths).unsqueeze(1)
+    rewards = torch.randn(4, 6).masked_fill(padding_mask, 0)
+    values = torch.randn(4, 6)
+    advantages, returns = rlhf.compute_gae(rewards, values, padding_mask, gamma, gae_lambda)
+    expected_advantages, expected_returns = reference_gae(rewards, values, lengths, gamma, gae_lambda)
+    torch.testing.assert_close(advantages, expected_advantages)
+    torch.testing.assert_close(returns, expected_returns)
+    # values after the end of a response (whatever the value model says there) change nothing
+    perturbed = values + 100.0 * padding_mask
+    torch.testing.assert_close(rlhf.compute_gae(rewards, perturbed, padding_mask, gamma, gae_lambda)[0], advantages)
+
+
+def test_masked_whiten():
+    torch.manual_seed(2)
+    x = torch.randn(5, 7) * 3 + 2
+    mask = torch.rand(5, 7) > 0.4
+    whitened = rlhf.masked_whiten(x, mask)
+    real = x[mask]
+    torch.testing.assert_close(whitened[mask], (real - real.mean()) / real.std(), rtol=1e-4, atol=1e-4)
+    assert (whitened[~mask] == 0).all()
+    perturbed = torch.where(mask, x, torch.full_like(x, 1e6))
+    torch.testing.assert_close(rlhf.masked_whiten(perturbed, mask), whitened)
+    kept_mean = rlhf.masked_whiten(x, mask, shift_mean=False)
+    assert kept_mean[mask].mean().item() == pytest.approx(real.mean().item(), abs=1e-4)
+    assert kept_mean[mask].std().item() == pytest.approx(1.0, abs=1e-3)
+
+
+def test_clipped_losses_against_explicit_formulas():
+    torch.manual_seed(3)
+    new_logprobs, logprobs = -torch.rand(2, 4), -torch.rand(2, 4)
+    advantages, mask = torch.randn(2, 4), torch.ones(2, 4, dtype=torch.bool)
+    pg_loss, ratio, _ = rlhf.policy_loss(new_logprobs, logprobs, advantages, mask, 0.2)
+    expected = [max(-a * r, -a * min(max(r, 0.8), 1.2)) for a, r in zip(advantages.flatten().tolist(),
+                                                                         ratio.flatten().tolist())]
+    assert pg_loss.item() == pytest.approx(sum(expected) / len(expected), abs=1e-6)
+    new_values, values, returns = torch.randn(2, 4), torch.randn(2, 4), torch.randn(2, 4)
+    v_loss = rlhf.value_loss(new_values, values, returns, mask, 0.2, True)
+    expected = [max((nv - R) ** 2, (v + min(max(nv - v, -0.2), 0.2) - R) ** 2)
+                for nv, v, R in zip(new_values.flatten().tolist(), values.flatten().tolist(), returns.flatten().tolist())]
+    assert v_loss.item() == pytest.approx(0.5 * sum(expected) / len(expected), abs=1e-6)
+    unclipped = rlhf.value_loss(new_values, values, returns, mask, 0.2, False)
+    assert unclipped.item() == pytest.approx(0.5 * ((new_values - returns) ** 2).mean().item(), abs=1e-6)
+
+
+def test_nothing_after_the_stop_token_influences_losses_or_gradients():
+    """Perturb every per-token input after the stop token: rewards, advantages, losses and gradients stay."""
+    torch.manual_seed(4)
+    responses = torch.tensor([[3, 7, 3, 3, 3], [3, 3, 3, 3, 3], [3, 3, 3, 7, 3]])
+    _, padding_mask, contain_stop = rlhf.truncate_after_stop_token(responses, 7, 0)
+    mask = ~padding_mask
+    base = dict(logprobs=-torch.rand(3, 5), ref_logprobs=-torch.rand(3, 5), values=torch.randn(3, 5),
+                new_logprobs=-torch.rand(3, 5), new_values=torch.randn(3, 5))
+    perturbed = {k: v + 20.0 * torch.randn(3, 5) * padding_mask for k, v in base.items()}
+
+    def run(t):
+        rewards, kl, _, _ = rlhf.compute_rewards(torch.tensor([1.0, 2.0, 3.0]), contain_stop, -1.0,
+                                                 t["logprobs"], t["ref_logprobs"], padding_mask, 0.1)
+        advantages, returns = rlhf.compute_gae(rewards, t["values"], padding_mask, 1.0, 0.95)
+        advantages = rlhf.masked_whiten(advantages, mask)
+        new_logprobs = t["new_logprobs"].clone().requires_grad_(True)
+        new_values = t["new_values"].clone().requires_grad_(True)
+        pg_loss, _, _ = rlhf.policy_loss(new_logprobs, t["logprobs"], advantages, mask, 0.2)
+        v_loss = rlhf.value_loss(new_values, t["values"], returns, mask, 0.2, True)
+        (pg_loss + 0.1 * v_loss).backward()
+        return [rewards, kl.sum(1), advantages, returns, pg_loss, v_loss, new_logprobs.grad, new_values.grad]
+
+    for a, b in zip(run(base), run(perturbed)):
+        torch.testing.assert_close(a, b)
+    grads = run(base)[-2:]
+    assert all((g[padding_mask] == 0).all() and (g[mask] != 0).any() for g in grads)
+
+
+def test_adaptive_kl_coef():
+    assert rlhf.adaptive_kl_coef(0.1, 12.0, 6.0, 100, 10) == pytest.approx(0.1 * (1 + 0.2 * 10 / 100))
+    assert rlhf.adaptive_kl_coef(0.1, 3.0, 6.0, 100, 10) == pytest.approx(0.1 * (1 - 0.2 * 10 / 100))
+    assert rlhf.adaptive_kl_coef(0.1, 6.6, 6.0, 100, 10) == pytest.approx(0.1 * (1 + 0.1 * 10 / 100))
+
+
+def test_value_head_init():
+    value_model = rlhf.ValueModel(torch.nn.Identity(), 1023)
+    assert (value_model.head.bias == 0).all()
+    assert value_model.head.weight.std().item() == pytest.approx(1 / math.sqrt(1024), rel=0.15)
+
+
+# ---------------------------------------------------------------------------------------------- the models
+
+
+def test_sampling_logprobs_equal_training_forward_logprobs(tiny):
+    """Left padding, position ids, temperature and dropout: the training forward pass over the whole padded
+    sequence must give the log-probs the tokens were sampled with (ratio 1 before the first update)."""
+    torch.manual_seed(5)
+    tokenizer, pad_token_id, stop_token_id = rlhf.load_tokenizer(tiny["policy"], ".")
+    policy = AutoModelForCausalLM.from_pretrained(tiny["policy"]).eval()
+    prompts = rlhf.PROMPTS[:12]
+    queries = tokenizer(prompts, padding=True, return_tensors="pt")["input_ids"]
+    lengths = (queries != pad_token_id).sum(1)
+    assert lengths.min() < lengths.max()  # the batch is really left-padded
+    context_length = queries.shape[1]
+    responses, logprobs = rlhf.generate(policy, queries, 10, 0.7, pad_token_id)
+    responses, padding_mask, _ = rlhf.truncate_after_stop_token(responses, stop_token_id, pad_token_id)
+    query_responses = torch.cat([queries, responses], 1)
+    real_responses = responses.masked_fill(padding_mask, 0)
+
+    def training_logprobs(model, temperature=0.7):
+        logits = rlhf.response_logits(model, query_responses, context_length, temperature, pad_token_id)
+        return rlhf.gather_logprobs(logits, real_responses)
+
+    new_logprobs = training_logprobs(policy)
+    logratio = (new_logprobs - logprobs).masked_fill(padding_mask, 0)
+    assert logratio.abs().max().item() < 1e-5
+    ratio = logratio.exp()
+    approx_kl = rlhf.masked_mean((ratio - 1) - logratio, ~padding_mask)
+    assert approx_kl.item() < 1e-6
+
+    # Each sequence alone, without any padding, gives the same log-probs too.
+    for i in (int(lengths.argmin()), int(lengths.argmax())):
+        single = torch.cat([queries[i, context_length - lengths[i]:], responses[i]])[None]
+        alone = rlhf.gather_logprobs(rlhf.response_logits(policy, single, int(lengths[i]), 0.7, pad_token_id),
+                                     real_responses[i : i + 1])
+        torch.testing.assert_close(alone.masked_fill(padding_mask[i], 0), logprobs[i : i + 1].masked_fill(
+            padding_mask[i], 0), atol=1e-5, rtol=0)
+
+    # The check is sensitive to each detail: another temperature, dropout on, or default position ids differ.
+    assert (training_logprobs(policy, 1.0) - logprobs).masked_fill(padding_mask, 0).abs().max() > 1e-2
+    policy.train()
+    assert (training_logprobs(policy) - logprobs).masked_fill(padding_mask, 0).abs().max() > 1e-2
+    policy.eval()
+    inputs = rlhf.model_inputs(query_responses, pad_token_id)
+    del inputs["position_ids"]
+    logits = policy(**inputs).logits[:, context_length - 1 : -1] / 0.7
+    assert (rlhf.gather_logprobs(logits, real_responses) - logprobs).masked_fill(padding_mask, 0).abs().max() > 1e-2
+
+
+def test_main_first_minibatch_ratio_one_logging_and_save(tiny, tmp_path):
+    # One epoch over one minibatch (two accumulated micro-batches): every forward pass of the update comes
+    # before the optimizer step, so each is a "first minibatch of the first epoch".
+    args = tiny_args(tiny, tmp_path, batch_size=8, num_minibatches=1, gradient_accumulation_steps=2,
+                     update_epochs=1, total_episodes=16, temperature=0.7, stop_token=".", save_model=True,
+                     log_samples_every=1)
+    stats = rlhf.main(args)
+    scalars = read_scalars(stats["run_dir"])
+    shared = ["charts/learning_rate", "charts/SPS", "charts/episodic_return", "charts/episodic_length",
+              "losses/value_loss", "losses/policy_loss", "losses/entropy", "losses/old_approx_kl",
+              "losses/approx_kl", "losses/clipfrac", "losses/explained_variance"]
+    rlhf_tags = ["objective/scores", "objective/kl", "objective/kl_coef", "objective/non_score_reward",
+                 "objective/rlhf_reward", "objective/entropy", "val/num_eos_tokens"]
+    for tag in shared + rlhf_tags:
+        assert len(scalars[tag]) == 2, tag
+    for approx_kl, old_approx_kl, ratio, clipfrac in zip(scalars["losses/approx_kl"], scalars["losses/old_approx_kl"],
+                                                         scalars["val/ratio"], scalars["losses/clipfrac"]):
+        assert 0 <= approx_kl < 1e-6 and abs(old_approx_kl) < 1e-5
+        assert abs(ratio - 1) < 1e-5 and clipfrac == 0
+    assert scalars["objective/kl"][0] == pytest.approx(0, abs=1e-4)  # the policy is the reference at first
+    assert all(0 <= n <= 8 for n in scalars["val/num_eos_tokens"])
+    events = EventAccumulator(stats["run_dir"])
+    events.Reload()
+    assert {"hyperparameters/text_summary", "samples/text_summary"} <= set(events.Tags()["tensors"])
+    sample_table = events.Tensors("samples/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert sample_table.startswith("|query|response|score|")
+
+    # save / load round trip: the saved directory loads with from_pretrained and is a valid --model-name
+    model_dir = Path(stats["run_dir"]) / "model"
+    saved = AutoModelForCausalLM.from_pretrained(model_dir)
+    initial = AutoModelForCausalLM.from_pretrained(tiny["policy"])
+    assert any(not torch.equal(a, b) for a, b in zip(saved.parameters(), initial.parameters()))
+    saved_tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    assert saved_tokenizer.pad_token_id is not None and saved_tokenizer.pad_token_id != saved_tokenizer.eos_token_id
+    again = rlhf.main(tiny_args(tiny, tmp_path / "again", model_name=str(model_dir), total_episodes=8,
+                                num_minibatches=1, update_epochs=1, normalize_scores=False))
+    assert math.isfinite(again["objective/scores"])
+
+
+def test_vader_reward():
+    reward_fn = rlhf.load_reward_fn(rlhf.Args(reward_model="vader"), torch.device("cpu"))
+    scores = reward_fn(["This movie was wonderful, I loved it.", "This movie was terrible and boring."])
+    assert scores[0] > 0 > scores[1]
+
+
+# ---------------------------------------------------------------------------------------------- learning
+
+
+def count_e_reward(args, device):
+    """A fixed programmatic reward: the number of letters 'e' in the text (query + response)."""
+    return lambda texts: torch.tensor([float(t.count("e")) for t in texts], device=device)
+
+
+def test_learning_raises_the_score_and_kl_coef_bounds_the_kl(tiny, tmp_path, monkeypatch):
+    monkeypatch.setattr(rlhf, "load_reward_fn", count_e_reward)
+    common = dict(batch_size=32, num_minibatches=2, total_episodes=32 * 25, response_length=12,
+                  learning_rate=3e-3, norm_batches=2, kl_target=None, stop_token="eos", missing_eos_penalty=None)
+    runs = {}
+    for kl_coef in (0.01, 1.0):
+        stats = rlhf.main(tiny_args(tiny, tmp_path / f"kl{kl_coef}", kl_coef=kl_coef, **common))
+        runs[kl_coef] = read_scalars(stats["run_dir"])
+    weak, strong = runs[0.01], runs[1.0]
+    scores = weak["objective/scores"]  # normalized: the initial policy's have mean 0, std 1
+    first, last = sum(scores[:3]) / 3, sum(scores[-5:]) / 5
+    print(f"scores first 3 iterations {first:.3f}, last 5 {last:.3f}; final KL {weak['objective/kl'][-1]:.3f} "
+          f"(kl_coef 0.01) vs {strong['objective/kl'][-1]:.3f} (kl_coef 1.0)")
+    assert last - first > 1.0
+    kl_weak, kl_strong = sum(weak["objective/kl"][-5:]) / 5, sum(strong["objective/kl"][-5:]) / 5
+    assert math.isfinite(kl_weak) and kl_weak > 0
+    assert kl_strong < 0.3 * kl_weak
