@@ -1,0 +1,454 @@
+"""Advantage Actor-Critic (A2C, the synchronous A3C) with a Categorical policy on CartPole-v1.
+
+Paper: Mnih et al. 2016, "Asynchronous Methods for Deep Reinforcement Learning" (arXiv:1602.01783);
+this is its synchronous variant (OpenAI Baselines' A2C): `num_envs` envs stepped in lockstep instead
+of asynchronous workers, one gradient step per rollout. Optional GAE from Schulman et al. 2016.
+Same shape, names and TensorBoard tags as ppo_cartpole.py, so that `diff a2c.py ppo_cartpole.py`
+shows what PPO adds (a probability ratio that is clipped, several epochs over minibatches), and
+`diff reinforce.py a2c.py` shows what A2C adds to REINFORCE (bootstrapping from a learned value).
+
+Usage:
+    python a2c.py --seed 1
+    python a2c.py --save-model --eval-episodes 10
+    python a2c.py --eval-checkpoint runs/<run_name>/agent.pt
+    tensorboard --logdir runs
+
+What the code computes, with the names it uses (t is a step, one rollout holds num_steps x num_envs):
+    returns_t    = rewards_t + gamma * (1 - terminations_t) * (next_values_t if dones_t else returns_{t+1})
+                 = the n-step return: rewards to the end of the rollout or of t's episode, then V bootstrap
+    advantages_t = returns_t - values_t            (or GAE(gamma, gae_lambda) with --gae)
+    pg_loss      = -mean(advantages_t * log pi(a_t | s_t))
+    v_loss       = 0.5 * mean((V(s_t) - returns_t)^2)
+    loss         = pg_loss - ent_coef * entropy + vf_coef * v_loss
+`next_values_t` is the value of the state the env really reached after step t: the next observation,
+or the final observation of an episode that ended at t (autoreset has already replaced it); the last
+step of a rollout is bootstrapped with the value of the observation the next rollout starts from.
+`terminations_t` zeroes the bootstrap only for a true termination (the pole fell); `dones_t`
+(termination or truncation) stops the return from flowing back across an episode boundary.
+The data was collected by the very parameters that are updated, and only one gradient step is
+taken, so the gradient needs no importance ratio and nothing to keep it close to the old policy.
+
+Implementation details (each is marked "detail N" where it happens; numbered as in ppo_cartpole.py):
+ 1. Vectorized environments: `num_envs` CartPoles stepped in lockstep, one batched forward per step.
+ 2. Orthogonal weight init (gain sqrt(2) hidden, 0.01 policy head, 1 value head), zero biases.
+ 3. RMSProp (alpha 0.99, eps 1e-5) as in the paper, OpenAI Baselines and Stable-Baselines3, not
+    PPO's Adam: in tuning runs here (500k steps, lr 1e-3 to 3e-3, 16-32 envs, 8-16 steps) only 4 of
+    14 Adam runs ended above 475, several after falling from 500 to under 250; RMSProp learned
+    faster and 4 of 5 seeds ended at 500 with the settings below and gamma 0.99.
+ 4. Learning rate annealed linearly to 0 over training.
+ 5. n-step returns: each step's return sums the rewards up to the end of the rollout (at most
+    `num_steps`) and bootstraps with the critic there; `--gae` uses GAE(gamma, gae_lambda) instead
+    (gae_lambda=1 gives exactly the n-step returns).
+ 6. One gradient step per rollout, on the whole batch: no epochs, no minibatches.
+ 7. Advantage normalization over the batch: optional (`--norm-adv`), off as in Stable-Baselines3.
+ 8. Vanilla policy-gradient loss -A * log pi: no ratio, no clipping.
+ 9. Plain squared-error value loss, weighted by `vf_coef`.
+10. Entropy bonus.
+11. Global gradient-norm clipping.
+12. Debug variable: explained_var (how much of the returns' variance the critic explains).
+13. Separate actor and critic networks (no shared trunk).
+Beyond the paper and Baselines:
+14. Correct on gymnasium 1.x: SAME_STEP autoreset, so the observation after a step that ended an
+    episode is the first of the next episode and the finished one's last state arrives in
+    `infos["final_obs"]`; no stored transition spans two episodes; episode statistics come from
+    the vector `RecordEpisodeStatistics` wrapper and are logged.
+15. Truncation is not termination: an episode cut by the 500-step time limit is bootstrapped with
+    the value of its final observation; only a real termination zeroes the bootstrap.
+16. One torch thread by default (`--num-threads`): on a 2-core machine the default thread pool makes
+    a small MLP 3-40x slower whenever anything else runs.
+17. `--save-model` saves the agent to runs/<run_name>/agent.pt; `--eval-episodes` evaluates the
+    greedy policy after training; `--eval-checkpoint` evaluates a saved agent without training.
+
+Defaults: rl-baselines3-zoo's tuned CartPole A2C is 8 envs x 5 steps, lr 7e-4 (RMSProp), gamma 0.99,
+n-step returns (gae_lambda 1), vf_coef 0.5, max_grad_norm 0.5, no entropy bonus, 500k steps: 12.5k
+gradient steps, too slow on 2 CPU cores. Here 32 envs x 8 steps (2k gradient steps in 500k env
+steps, and the per-step Python overhead shared by 32 envs) with lr 2e-3 annealed to 0 and gamma
+0.98 (as ppo_cartpole.py), otherwise the same. With gamma 0.99 one of five tuning seeds fell from
+500 to ~150 and stayed there, its critic explaining none of the returns' variance (values near 100
+are a long way for a freshly initialized critic in 2k small RMSProp steps); with 0.98 (values near
+50) that seed fell too but recovered, and ended at 500.
+"""
+
+import os
+import random
+import time
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.optim as optim
+import tyro
+from torch.distributions.categorical import Categorical
+from torch.utils.tensorboard import SummaryWriter
+
+
+@dataclass
+class Args:
+    # experiment
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment (part of the run directory name)"""
+    seed: int = 1
+    """seed of the experiment (python, numpy, torch and the environments)"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """if toggled and a GPU is available, train on it"""
+    num_threads: int = 1
+    """torch CPU threads; 1 is fastest for a small MLP and robust to a busy machine"""
+    runs_dir: str = "runs"
+    """TensorBoard logs and saved agents go to <runs_dir>/<run_name>/"""
+    save_model: bool = False
+    """save the trained agent to <runs_dir>/<run_name>/agent.pt"""
+    eval_episodes: int = 10
+    """episodes of the greedy policy to evaluate after training (0: no evaluation)"""
+    eval_checkpoint: str | None = None
+    """path to a saved agent.pt: evaluate it for --eval-episodes episodes and exit, no training"""
+
+    # environment
+    env_id: str = "CartPole-v1"
+    """the id of the environment (its action space must be Discrete)"""
+    total_timesteps: int = 500_000
+    """total environment steps of the experiment (summed over all envs)"""
+    num_envs: int = 32
+    """the number of parallel environments"""
+    num_steps: int = 8
+    """the number of steps run in each environment per rollout (the n of the n-step returns)"""
+
+    # algorithm
+    learning_rate: float = 2e-3
+    """the learning rate of the optimizer"""
+    anneal_lr: bool = True
+    """anneal the learning rate linearly to 0"""
+    gamma: float = 0.98
+    """the discount factor gamma"""
+    gae: bool = False
+    """use generalized advantage estimation (gamma, gae_lambda) instead of n-step returns"""
+    gae_lambda: float = 0.95
+    """the lambda of generalized advantage estimation (only with --gae)"""
+    norm_adv: bool = False
+    """normalize the advantages of each batch"""
+    ent_coef: float = 0.0
+    """coefficient of the entropy bonus"""
+    vf_coef: float = 0.5
+    """coefficient of the value loss"""
+    max_grad_norm: float = 0.5
+    """the maximum norm of the global gradient"""
+
+    # computed in check_args
+    batch_size: int = 0
+    """the batch size (computed: num_envs * num_steps)"""
+    num_iterations: int = 0
+    """the number of rollout/update iterations (computed: total_timesteps / batch_size, rounded up)"""
+
+
+def check_args(args: Args) -> None:
+    """Fill in the derived sizes and reject bad input with a one-line message, before any training."""
+
+    def fail(msg):
+        raise SystemExit(f"error: {msg}")
+
+    for flag in ("total_timesteps", "num_envs", "num_steps"):
+        if getattr(args, flag) <= 0:
+            fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
+    if not 0.0 <= args.gamma <= 1.0:
+        fail(f"--gamma must be in [0, 1], got {args.gamma}")
+    if not 0.0 <= args.gae_lambda <= 1.0:
+        fail(f"--gae-lambda must be in [0, 1], got {args.gae_lambda}")
+    if args.eval_episodes < 0:
+        fail(f"--eval-episodes must be >= 0, got {args.eval_episodes}")
+    if args.num_threads <= 0:
+        fail(f"--num-threads must be positive, got {args.num_threads}")
+    if args.eval_checkpoint is not None and not os.path.isfile(args.eval_checkpoint):
+        fail(f"--eval-checkpoint {args.eval_checkpoint} does not exist; pass the path of a saved agent.pt")
+    try:
+        action_space = gym.make(args.env_id).action_space
+    except gym.error.Error as e:
+        fail(f"--env-id {args.env_id} cannot be made ({e.__class__.__name__}); pass a registered gymnasium id")
+    if not isinstance(action_space, gym.spaces.Discrete):
+        fail(f"--env-id {args.env_id} has a {type(action_space).__name__} action space; this script needs "
+             "a Discrete one (use ppo_walker2d.py for continuous actions)")
+    args.batch_size = args.num_envs * args.num_steps
+    # round up, so that a run takes at least --total-timesteps steps
+    args.num_iterations = -(-args.total_timesteps // args.batch_size)
+
+
+def make_env(env_id: str):
+    def thunk():
+        return gym.make(env_id)
+
+    return thunk
+
+
+def make_vector_env(env_id: str, num_envs: int):
+    # detail 1 and 14: lockstep envs that reset inside the step that ends an episode (SAME_STEP),
+    # with episode returns and lengths recorded on the vector env
+    envs = gym.vector.SyncVectorEnv(
+        [make_env(env_id) for _ in range(num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+    )
+    return gym.wrappers.vector.RecordEpisodeStatistics(envs)
+
+
+def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+    # detail 2: orthogonal init
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class Agent(nn.Module):
+    def __init__(self, obs_dim: int, n_actions: int):
+        super().__init__()
+        # detail 13: separate actor and critic networks
+        self.critic = nn.Sequential(
+            layer_init(nn.Linear(obs_dim, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 1), std=1.0),
+        )
+        self.actor = nn.Sequential(
+            layer_init(nn.Linear(obs_dim, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, n_actions), std=0.01),
+        )
+
+    def get_value(self, x):
+        return self.critic(x).squeeze(-1)
+
+    def get_action_and_value(self, x, action=None):
+        # validate_args=False skips per-call argument checks that cost ~15% of a small update step
+        probs = Categorical(logits=self.actor(x), validate_args=False)
+        if action is None:
+            action = probs.sample()
+        return action, probs.log_prob(action), probs.entropy(), self.get_value(x)
+
+    def greedy_action(self, x):
+        return self.actor(x).argmax(dim=-1)
+
+
+def compute_returns(rewards, next_values, terminations, dones, gamma):
+    """n-step returns for a rollout of shape (num_steps, num_envs).
+
+    returns[t] is the discounted sum of the rewards from t to the end of t's episode or of the
+    rollout, whichever comes first, plus gamma^k times the value of the state reached there.
+    next_values[t] is the value of the state reached after step t (the final observation's value if
+    the episode ended at t). terminations[t] zeroes that bootstrap (the episode really ended);
+    dones[t] (termination or truncation) stops the recursion: step t+1 belongs to a new episode.
+    The last step of the rollout is bootstrapped with next_values.
+    """
+    returns = torch.zeros_like(rewards)
+    next_return = next_values[-1]
+    for t in reversed(range(rewards.shape[0])):
+        # detail 15: only a true termination zeroes the bootstrap; a truncation keeps next_values
+        next_return = torch.where(dones[t].bool(), next_values[t], next_return)
+        next_return = rewards[t] + gamma * (1.0 - terminations[t]) * next_return
+        returns[t] = next_return
+    return returns
+
+
+def compute_gae(rewards, values, next_values, terminations, dones, gamma, gae_lambda):
+    """Generalized advantage estimates for a rollout of shape (num_steps, num_envs), as in ppo_cartpole.py.
+
+    With gae_lambda=1 the returns are exactly compute_returns' (the rollout sets next_values[t] =
+    values[t+1] inside an episode, so the TD residuals telescope); with gae_lambda=0 they are one-step.
+    """
+    advantages = torch.zeros_like(rewards)
+    lastgaelam = torch.zeros_like(rewards[0])
+    for t in reversed(range(rewards.shape[0])):
+        # detail 15: only a true termination zeroes the bootstrap; a truncation keeps next_values
+        delta = rewards[t] + gamma * (1.0 - terminations[t]) * next_values[t] - values[t]
+        lastgaelam = delta + gamma * gae_lambda * (1.0 - dones[t]) * lastgaelam
+        advantages[t] = lastgaelam
+    return advantages, advantages + values
+
+
+def policy_loss(newlogprob, advantages):
+    """Vanilla policy-gradient loss (detail 8): its gradient is -mean(A * grad log pi)."""
+    return -(advantages * newlogprob).mean()
+
+
+def value_loss(newvalue, returns):
+    """Squared-error value loss (detail 9)."""
+    return 0.5 * ((newvalue - returns) ** 2).mean()
+
+
+def evaluate(agent, env_id, episodes, seed, device):
+    """Returns of `episodes` episodes of the greedy (argmax) policy on fresh, separately seeded envs."""
+    env = gym.make(env_id)
+    episodic_returns = []
+    for episode in range(episodes):
+        obs, _ = env.reset(seed=seed + episode)
+        done, total = False, 0.0
+        while not done:
+            with torch.inference_mode():
+                action = agent.greedy_action(torch.as_tensor(obs, dtype=torch.float32, device=device))
+            obs, reward, terminated, truncated, _ = env.step(action.item())
+            total += float(reward)
+            done = terminated or truncated
+        episodic_returns.append(total)
+    env.close()
+    return episodic_returns
+
+
+def load_agent(path, device):
+    checkpoint = torch.load(path, map_location=device, weights_only=True)
+    agent = Agent(checkpoint["obs_dim"], checkpoint["n_actions"]).to(device)
+    agent.load_state_dict(checkpoint["model"])
+    return agent, checkpoint
+
+
+def save_agent(agent, args, obs_dim, n_actions, run_dir):
+    path = os.path.join(run_dir, "agent.pt")
+    checkpoint = {"model": agent.state_dict(), "obs_dim": obs_dim, "n_actions": n_actions, "env_id": args.env_id}
+    torch.save(checkpoint, path)
+    print(f"agent saved to {path}")
+
+
+def main(args: Args) -> dict:
+    # 1. setup
+    check_args(args)
+    torch.set_num_threads(args.num_threads)  # detail 16
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    if args.cuda and not torch.cuda.is_available():
+        print("--cuda: no GPU available, running on the CPU")
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+    if args.eval_checkpoint is not None:
+        agent, checkpoint = load_agent(args.eval_checkpoint, device)
+        eval_returns = evaluate(agent, checkpoint["env_id"], args.eval_episodes, args.seed + 100_000, device)
+        print(f"eval of {args.eval_checkpoint}: {np.mean(eval_returns):.2f} +- {np.std(eval_returns):.2f} "
+              f"over {len(eval_returns)} episodes")
+        return {"eval_returns": eval_returns}
+
+    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    run_dir = os.path.join(args.runs_dir, run_name)
+    writer = SummaryWriter(run_dir)
+    writer.add_text(
+        "hyperparameters",
+        "|param|value|\n|-|-|\n" + "\n".join(f"|{key}|{value}|" for key, value in vars(args).items()),
+    )
+
+    envs = make_vector_env(args.env_id, args.num_envs)
+    obs_dim = envs.single_observation_space.shape[0]
+    n_actions = int(envs.single_action_space.n)
+    agent = Agent(obs_dim, n_actions).to(device)
+    # detail 3: RMSProp, eps 1e-5 (foreach=True updates all parameters in one batched call: ~2x faster here)
+    optimizer = optim.RMSprop(agent.parameters(), lr=args.learning_rate, alpha=0.99, eps=1e-5, foreach=True)
+
+    obs = torch.zeros((args.num_steps, args.num_envs, obs_dim), device=device)
+    actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
+    rewards = torch.zeros((args.num_steps, args.num_envs), device=device)
+    terminations = torch.zeros((args.num_steps, args.num_envs), device=device)
+    dones = torch.zeros((args.num_steps, args.num_envs), device=device)
+    values = torch.zeros((args.num_steps, args.num_envs), device=device)
+    # observations that ended an episode by truncation, kept for the bootstrap (detail 15)
+    final_obs = torch.zeros((args.num_steps, args.num_envs, obs_dim), device=device)
+
+    episodic_returns, eval_returns = [], []
+    global_step, interrupted = 0, False
+    start_time = time.time()
+    next_obs, _ = envs.reset(seed=args.seed)
+    next_obs = torch.as_tensor(next_obs, dtype=torch.float32, device=device)
+    try:
+        for iteration in range(1, args.num_iterations + 1):
+            if args.anneal_lr:  # detail 4
+                lrnow = (1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate
+                optimizer.param_groups[0]["lr"] = lrnow
+
+            # 2. rollout
+            for step in range(args.num_steps):
+                global_step += args.num_envs
+                obs[step] = next_obs
+                with torch.inference_mode():
+                    action, _, _, value = agent.get_action_and_value(next_obs)
+                actions[step], values[step] = action, value
+
+                next_obs_np, reward, terminated, truncated, infos = envs.step(action.cpu().numpy())
+                rewards[step] = torch.as_tensor(reward, device=device)
+                terminations[step] = torch.as_tensor(terminated, device=device)
+                dones[step] = torch.as_tensor(np.logical_or(terminated, truncated), device=device)
+                next_obs = torch.as_tensor(next_obs_np, dtype=torch.float32, device=device)
+                for i in np.flatnonzero(truncated & ~terminated):
+                    final_obs[step, i] = torch.as_tensor(infos["final_obs"][i], device=device)
+                if "_episode" in infos:
+                    for i in np.flatnonzero(infos["_episode"]):
+                        episodic_return = float(infos["episode"]["r"][i])
+                        episodic_returns.append(episodic_return)
+                        writer.add_scalar("charts/episodic_return", episodic_return, global_step)
+                        writer.add_scalar("charts/episodic_length", int(infos["episode"]["l"][i]), global_step)
+
+            # 3. advantages (no_grad, not inference_mode: the advantages are used in the loss below)
+            with torch.no_grad():
+                # the state after step t is obs[t + 1] unless the episode ended at t (detail 14)
+                next_values = torch.cat([values[1:], agent.get_value(next_obs).unsqueeze(0)])
+                cut = (dones * (1.0 - terminations)).bool()
+                if cut.any():
+                    next_values[cut] = agent.get_value(final_obs[cut])
+                if args.gae:
+                    advantages, returns = compute_gae(
+                        rewards, values, next_values, terminations, dones, args.gamma, args.gae_lambda
+                    )
+                else:  # detail 5
+                    returns = compute_returns(rewards, next_values, terminations, dones, args.gamma)
+                    advantages = returns - values
+
+            b_obs = obs.reshape((-1, obs_dim))
+            b_actions = actions.reshape(-1)
+            b_advantages = advantages.reshape(-1)
+            b_returns = returns.reshape(-1)
+            b_values = values.reshape(-1)
+
+            # 4. update: one gradient step on the whole batch (detail 6)
+            _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs, b_actions)
+            if args.norm_adv:  # detail 7
+                b_advantages = (b_advantages - b_advantages.mean()) / (b_advantages.std() + 1e-8)
+            pg_loss = policy_loss(newlogprob, b_advantages)
+            v_loss = value_loss(newvalue, b_returns)
+            entropy_loss = entropy.mean()
+            loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef  # detail 10
+
+            optimizer.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)  # detail 11
+            optimizer.step()
+
+            y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()  # detail 12
+            var_y = np.var(y_true)
+            explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
+
+            # 5. logging
+            writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+            writer.add_scalar("losses/value_loss", v_loss.item(), global_step)
+            writer.add_scalar("losses/policy_loss", pg_loss.item(), global_step)
+            writer.add_scalar("losses/entropy", entropy_loss.item(), global_step)
+            writer.add_scalar("losses/explained_variance", explained_var, global_step)
+            writer.add_scalar("charts/SPS", int(global_step / (time.time() - start_time)), global_step)
+    except KeyboardInterrupt:
+        interrupted = True
+        print(f"interrupted at global_step={global_step}: keeping the logs, skipping evaluation")
+    finally:
+        envs.close()
+    print(f"{global_step} steps in {time.time() - start_time:.1f} s; "
+          f"mean return of the last 100 episodes: {np.mean(episodic_returns[-100:] or [np.nan]):.1f}")
+
+    # 6. save / evaluate
+    if args.save_model:
+        save_agent(agent, args, obs_dim, n_actions, run_dir)
+    if args.eval_episodes > 0 and not interrupted:
+        eval_returns = evaluate(agent, args.env_id, args.eval_episodes, args.seed + 100_000, device)
+        for i, eval_return in enumerate(eval_returns):
+            writer.add_scalar("eval/episodic_return", eval_return, i)
+        print(f"eval: {np.mean(eval_returns):.2f} +- {np.std(eval_returns):.2f} over {len(eval_returns)} episodes")
+    writer.close()
+    return {"run_dir": run_dir, "episodic_returns": episodic_returns, "eval_returns": eval_returns}
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))

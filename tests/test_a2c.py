@@ -1,0 +1,228 @@
+import glob
+import os
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+import a2c
+
+SHARED_TAGS = [
+    "charts/episodic_return",
+    "charts/episodic_length",
+    "charts/learning_rate",
+    "charts/SPS",
+    "losses/value_loss",
+    "losses/policy_loss",
+    "losses/entropy",
+    "losses/explained_variance",
+    "eval/episodic_return",
+]
+PPO_ONLY_TAGS = ["losses/old_approx_kl", "losses/approx_kl", "losses/clipfrac"]
+
+
+def read_events(run_dir):
+    (event_file,) = glob.glob(os.path.join(run_dir, "events.out.tfevents.*"))
+    acc = EventAccumulator(event_file, size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    return acc
+
+
+# ---------------------------------------------------------------------------- math
+
+
+def n_step_returns_reference(rewards, next_values, terminations, dones, gamma):
+    """R_t as the explicit sum  sum_k gamma^k * r_{t+k}  up to the end of t's episode or of the rollout,
+    plus gamma^(k+1) times the value reached there unless the episode terminated."""
+    T, N = len(rewards), len(rewards[0])
+    returns = [[0.0] * N for _ in range(T)]
+    for env in range(N):
+        for t in range(T):
+            total = 0.0
+            for k in range(T - t):
+                s = t + k
+                total += gamma**k * rewards[s][env]
+                if dones[s][env] or s == T - 1:
+                    if not terminations[s][env]:
+                        total += gamma ** (k + 1) * next_values[s][env]
+                    break
+            returns[t][env] = total
+    return returns
+
+
+def random_rollout(seed, T=23, N=4):
+    rng = np.random.default_rng(seed)
+    rewards = rng.normal(size=(T, N))
+    values = rng.normal(size=(T, N))
+    next_values = rng.normal(size=(T, N))  # bootstrap values, final-observation values at truncations
+    terminations = rng.random((T, N)) < 0.1
+    truncations = (rng.random((T, N)) < 0.1) & ~terminations
+    assert terminations.any() and truncations.any()
+    return rewards, values, next_values, terminations, terminations | truncations
+
+
+def t64(a):
+    return torch.as_tensor(a, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_n_step_returns_match_explicit_sums(seed):
+    rewards, _, next_values, terminations, dones = random_rollout(seed)
+    gamma = 0.97
+    returns = a2c.compute_returns(t64(rewards), t64(next_values), t64(terminations), t64(dones), gamma)
+    expected = n_step_returns_reference(rewards.tolist(), next_values.tolist(), terminations.tolist(),
+                                        dones.tolist(), gamma)
+    np.testing.assert_allclose(returns.numpy(), expected, rtol=1e-10, atol=1e-10)
+
+
+def test_n_step_returns_truncation_bootstraps_termination_does_not_and_rollout_end_bootstraps():
+    gamma = 0.5
+    # one env, 5 steps: truncated at step 1 (final-observation value 8), terminated at step 3,
+    # and the rollout ends at step 4 in the middle of an episode (value of the next observation 4)
+    rewards = torch.ones(5, 1)
+    next_values = torch.tensor([[100.0], [8.0], [100.0], [100.0], [4.0]])  # 100 where it must not be used
+    terminations = torch.tensor([[0.0], [0.0], [0.0], [1.0], [0.0]])
+    dones = torch.tensor([[0.0], [1.0], [0.0], [1.0], [0.0]])
+    returns = a2c.compute_returns(rewards, next_values, terminations, dones, gamma)
+    assert returns[:, 0].tolist() == [
+        1.0 + 0.5 * (1.0 + 0.5 * 8.0),  # two rewards, then the truncated episode's final value
+        1.0 + 0.5 * 8.0,
+        1.0 + 0.5 * 1.0,  # the pole fell after step 3: no bootstrap
+        1.0,
+        1.0 + 0.5 * 4.0,  # cut by the end of the rollout: bootstrapped
+    ]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_gae_with_lambda_one_is_the_n_step_return_and_lambda_zero_is_one_step(seed):
+    rewards, values, next_values, terminations, dones = random_rollout(seed)
+    # as the rollout builds them: inside an episode the next state's value is the next step's value
+    next_values[:-1] = np.where(dones[:-1], next_values[:-1], values[1:])
+    args = t64(rewards), t64(values), t64(next_values), t64(terminations), t64(dones)
+    returns = a2c.compute_returns(t64(rewards), t64(next_values), t64(terminations), t64(dones), 0.9)
+    advantages, gae_returns = a2c.compute_gae(*args, 0.9, 1.0)
+    np.testing.assert_allclose(gae_returns.numpy(), returns.numpy(), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(advantages.numpy(), returns.numpy() - values, rtol=1e-10, atol=1e-10)
+    _, one_step = a2c.compute_gae(*args, 0.9, 0.0)
+    expected = rewards + 0.9 * (1 - terminations) * next_values
+    np.testing.assert_allclose(one_step.numpy(), expected, rtol=1e-10, atol=1e-10)
+
+
+def test_policy_loss_gradient_is_minus_advantage_times_score():
+    newlogprob = torch.tensor([-0.3, -1.2, -0.7], dtype=torch.float64, requires_grad=True)
+    advantages = torch.tensor([2.0, -1.0, 0.5], dtype=torch.float64)
+    loss = a2c.policy_loss(newlogprob, advantages)
+    loss.backward()
+    assert loss.item() == pytest.approx(-(2.0 * -0.3 + -1.0 * -1.2 + 0.5 * -0.7) / 3)
+    np.testing.assert_allclose(newlogprob.grad.numpy(), -advantages.numpy() / 3)
+    assert a2c.value_loss(torch.tensor([3.0, 1.0]), torch.tensor([1.0, 1.0])).item() == pytest.approx(0.5 * 4 / 2)
+
+
+# ---------------------------------------------------------------------------- runs
+
+
+def small_args(tmp_path, **kw):
+    defaults = dict(runs_dir=str(tmp_path), total_timesteps=3000, eval_episodes=2, save_model=True, cuda=False)
+    defaults.update(kw)
+    return a2c.Args(**defaults)
+
+
+@pytest.fixture(scope="module")
+def short_run(tmp_path_factory):
+    return a2c.main(small_args(tmp_path_factory.mktemp("runs")))
+
+
+def test_short_run_logs_every_tag(short_run):
+    acc = read_events(short_run["run_dir"])
+    tags = acc.Tags()
+    for tag in SHARED_TAGS:
+        assert tag in tags["scalars"], tag
+    for tag in PPO_ONLY_TAGS:  # one gradient step on fresh data: no ratio, nothing to clip
+        assert tag not in tags["scalars"], tag
+    assert len(acc.Scalars("charts/episodic_return")) >= 1
+    assert len(acc.Scalars("eval/episodic_return")) == 2
+    # episodic returns read back equal the ones the run saw; CartPole returns are episode lengths
+    logged = [e.value for e in acc.Scalars("charts/episodic_return")]
+    assert logged == pytest.approx(short_run["episodic_returns"])
+    lengths = [e.value for e in acc.Scalars("charts/episodic_length")]
+    assert logged == pytest.approx(lengths)
+    assert any(tag.startswith("hyperparameters") for tag in tags["tensors"])
+    assert acc.Scalars("charts/learning_rate")[-1].value < acc.Scalars("charts/learning_rate")[0].value
+    # one update per rollout of num_envs x num_steps steps
+    args = a2c.Args()
+    assert len(acc.Scalars("losses/policy_loss")) == -(-3000 // (args.num_envs * args.num_steps))
+
+
+def test_saved_agent_evaluates_without_training(short_run, tmp_path):
+    checkpoint = os.path.join(short_run["run_dir"], "agent.pt")
+    assert os.path.isfile(checkpoint)
+    result = a2c.main(a2c.Args(eval_checkpoint=checkpoint, eval_episodes=2, runs_dir=str(tmp_path), cuda=False))
+    # same weights, same evaluation seeds, greedy policy: the same returns as right after training
+    assert result["eval_returns"] == short_run["eval_returns"]
+    assert not os.listdir(tmp_path)  # nothing trained, nothing logged
+
+
+def test_same_seed_same_run(tmp_path):
+    a = a2c.main(small_args(tmp_path / "a", eval_episodes=0, save_model=False))
+    b = a2c.main(small_args(tmp_path / "b", eval_episodes=0, save_model=False))
+    c = a2c.main(small_args(tmp_path / "c", eval_episodes=0, save_model=False, seed=2))
+    assert len(a["episodic_returns"]) > 10
+    assert a["episodic_returns"] == b["episodic_returns"]
+    assert a["episodic_returns"] != c["episodic_returns"]
+
+
+def test_gae_flag_runs(tmp_path):
+    result = a2c.main(small_args(tmp_path, gae=True, gae_lambda=0.9, eval_episodes=0, save_model=False))
+    assert len(result["episodic_returns"]) > 10
+
+
+def test_learns_within_60k_steps(tmp_path):
+    result = a2c.main(small_args(tmp_path, total_timesteps=60_000, eval_episodes=0, save_model=False))
+    # random play averages ~22; a broken gradient, return or bootstrap does not get here in 60k steps
+    assert np.mean(result["episodic_returns"][-10:]) >= 150
+
+
+def test_ctrl_c_keeps_logs_and_saves(tmp_path, monkeypatch):
+    real_make = a2c.make_vector_env
+
+    class Interrupt(gym.vector.VectorWrapper):
+        calls = 0
+
+        def step(self, actions):
+            Interrupt.calls += 1
+            if Interrupt.calls == 300:
+                raise KeyboardInterrupt
+            return self.env.step(actions)
+
+    monkeypatch.setattr(a2c, "make_vector_env", lambda *a: Interrupt(real_make(*a)))
+    result = a2c.main(small_args(tmp_path, total_timesteps=50_000))
+    assert os.path.isfile(os.path.join(result["run_dir"], "agent.pt"))
+    assert result["eval_returns"] == []
+    acc = read_events(result["run_dir"])  # the writer was flushed and closed
+    assert len(acc.Scalars("charts/episodic_return")) == len(result["episodic_returns"]) > 0
+
+
+# ---------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    "kw, flag",
+    [
+        (dict(num_steps=0), "--num-steps"),
+        (dict(num_envs=-1), "--num-envs"),
+        (dict(gamma=1.5), "--gamma"),
+        (dict(gae_lambda=-0.1), "--gae-lambda"),
+        (dict(env_id="Pendulum-v1"), "--env-id"),
+        (dict(env_id="NoSuchEnv-v0"), "--env-id"),
+        (dict(total_timesteps=0), "--total-timesteps"),
+        (dict(eval_episodes=-1), "--eval-episodes"),
+        (dict(eval_checkpoint="/no/such/agent.pt"), "--eval-checkpoint"),
+    ],
+)
+def test_bad_input_fails_fast_naming_the_flag(tmp_path, kw, flag):
+    with pytest.raises(SystemExit, match=flag) as excinfo:
+        a2c.main(small_args(tmp_path / "runs", **kw))
+    assert "\n" not in str(excinfo.value)
+    assert not (tmp_path / "runs").exists()  # failed before any run directory or training

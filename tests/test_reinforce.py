@@ -1,0 +1,249 @@
+import glob
+import os
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+import reinforce
+
+SHARED_TAGS = [
+    "charts/episodic_return",
+    "charts/episodic_length",
+    "charts/learning_rate",
+    "charts/SPS",
+    "losses/value_loss",
+    "losses/policy_loss",
+    "losses/entropy",
+    "losses/explained_variance",
+    "eval/episodic_return",
+]
+CRITIC_TAGS = ["losses/value_loss", "losses/explained_variance"]
+PPO_ONLY_TAGS = ["losses/old_approx_kl", "losses/approx_kl", "losses/clipfrac"]
+
+
+def read_events(run_dir):
+    (event_file,) = glob.glob(os.path.join(run_dir, "events.out.tfevents.*"))
+    acc = EventAccumulator(event_file, size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    return acc
+
+
+# ---------------------------------------------------------------------------- math
+
+
+def random_episodes(rng, num_envs, episodes_per_env):
+    """Complete episodes laid out as the rollout lays them out: back to back in each env's column,
+    padded with junk steps (mask False) after an env has played its share."""
+    columns = []
+    for _ in range(num_envs):
+        episodes = []
+        for _ in range(episodes_per_env):
+            length = int(rng.integers(1, 9))
+            episodes.append(dict(rewards=rng.normal(size=length).tolist(), truncated=bool(rng.random() < 0.5),
+                                 final_value=float(rng.normal())))
+        columns.append(episodes)
+    T = max(sum(len(e["rewards"]) for e in col) for col in columns) + 2  # at least 2 junk steps
+    rewards = rng.normal(size=(T, num_envs))  # junk by default
+    next_values = rng.normal(size=(T, num_envs)) * 100  # junk: must only be read at truncations
+    terminations = rng.random((T, num_envs)) < 0.3
+    dones = terminations | (rng.random((T, num_envs)) < 0.3)
+    mask = np.zeros((T, num_envs), dtype=bool)
+    for env, episodes in enumerate(columns):
+        t = 0
+        for e in episodes:
+            n = len(e["rewards"])
+            rewards[t : t + n, env] = e["rewards"]
+            terminations[t : t + n, env] = False
+            dones[t : t + n, env] = False
+            dones[t + n - 1, env] = True
+            terminations[t + n - 1, env] = not e["truncated"]
+            next_values[t + n - 1, env] = e["final_value"]
+            mask[t : t + n, env] = True
+            t += n
+    return columns, rewards, next_values, terminations, dones, mask
+
+
+def reward_to_go_reference(episode, gamma):
+    """G_t = sum_{k >= t} gamma^(k - t) r_k, plus gamma^(T - t) V(s_T) if the episode was truncated at T."""
+    rewards, T = episode["rewards"], len(episode["rewards"])
+    tail = episode["final_value"] if episode["truncated"] else 0.0
+    return [sum(gamma ** (k - t) * rewards[k] for k in range(t, T)) + gamma ** (T - t) * tail for t in range(T)]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_reward_to_go_matches_explicit_sums_per_episode(seed):
+    rng = np.random.default_rng(seed)
+    columns, rewards, next_values, terminations, dones, mask = random_episodes(rng, num_envs=3, episodes_per_env=3)
+    gamma = 0.95
+    t = lambda a: torch.as_tensor(a, dtype=torch.float64)
+    returns = reinforce.compute_returns(t(rewards), t(next_values), t(terminations), t(dones), gamma).numpy()
+    for env, episodes in enumerate(columns):
+        expected = [g for e in episodes for g in reward_to_go_reference(e, gamma)]
+        np.testing.assert_allclose(returns[mask[:, env], env], expected, rtol=1e-10, atol=1e-10)
+
+
+def test_reward_to_go_truncation_bootstraps_and_termination_does_not():
+    gamma = 0.5
+    # one env: an episode of 3 steps cut by the time limit (final-observation value 10), then one of
+    # 2 steps where the pole fell
+    rewards = torch.ones(5, 1)
+    next_values = torch.tensor([[99.0], [99.0], [10.0], [99.0], [99.0]])  # 99 where it must not be used
+    terminations = torch.tensor([[0.0], [0.0], [0.0], [0.0], [1.0]])
+    dones = torch.tensor([[0.0], [0.0], [1.0], [0.0], [1.0]])
+    returns = reinforce.compute_returns(rewards, next_values, terminations, dones, gamma)
+    assert returns[:, 0].tolist() == [3.0, 4.0, 6.0, 1.5, 1.0]
+    # without a baseline the rollout passes 0 as the truncated episode's tail: the plain discounted sum
+    returns = reinforce.compute_returns(rewards, torch.zeros(5, 1), terminations, dones, gamma)
+    assert returns[:, 0].tolist() == [1.75, 1.5, 1.0, 1.5, 1.0]
+
+
+def test_policy_loss_gradient_is_the_reinforce_estimator():
+    # d/dlogits of -A * log softmax(logits)[a] = -A * (onehot(a) - softmax(logits)), averaged over the batch
+    logits = torch.tensor([[0.2, -0.4], [1.0, 0.3], [-0.5, 0.5]], dtype=torch.float64, requires_grad=True)
+    actions = torch.tensor([0, 1, 1])
+    advantages = torch.tensor([1.5, -2.0, 0.5], dtype=torch.float64)
+    newlogprob = torch.distributions.Categorical(logits=logits).log_prob(actions)
+    reinforce.policy_loss(newlogprob, advantages).backward()
+    onehot = torch.nn.functional.one_hot(actions, 2).double()
+    expected = -advantages[:, None] * (onehot - logits.detach().softmax(-1)) / 3
+    np.testing.assert_allclose(logits.grad.numpy(), expected.numpy(), rtol=1e-10, atol=1e-12)
+
+
+# ---------------------------------------------------------------------------- runs
+
+
+def small_args(tmp_path, **kw):
+    defaults = dict(runs_dir=str(tmp_path), total_timesteps=3000, eval_episodes=2, save_model=True, cuda=False)
+    defaults.update(kw)
+    return reinforce.Args(**defaults)
+
+
+@pytest.fixture(scope="module")
+def short_run(tmp_path_factory):
+    return reinforce.main(small_args(tmp_path_factory.mktemp("runs")))
+
+
+def test_short_run_logs_every_tag(short_run):
+    acc = read_events(short_run["run_dir"])
+    tags = acc.Tags()
+    for tag in SHARED_TAGS:
+        assert tag in tags["scalars"], tag
+    for tag in PPO_ONLY_TAGS:
+        assert tag not in tags["scalars"], tag
+    assert len(acc.Scalars("eval/episodic_return")) == 2
+    # episodic returns read back equal the ones the run saw; CartPole returns are episode lengths
+    logged = [e.value for e in acc.Scalars("charts/episodic_return")]
+    assert logged == pytest.approx(short_run["episodic_returns"])
+    lengths = [e.value for e in acc.Scalars("charts/episodic_length")]
+    assert logged == pytest.approx(lengths)
+    assert any(tag.startswith("hyperparameters") for tag in tags["tensors"])
+    assert acc.Scalars("charts/learning_rate")[-1].value < acc.Scalars("charts/learning_rate")[0].value
+    # a batch is num_episodes complete episodes, all logged, one gradient step each, and the
+    # budget of env steps is spent
+    num_updates = len(acc.Scalars("losses/policy_loss"))
+    assert len(logged) == num_updates * reinforce.Args().num_episodes
+    assert acc.Scalars("charts/SPS")[-1].step >= 3000
+
+
+def test_saved_agent_evaluates_without_training(short_run, tmp_path):
+    checkpoint = os.path.join(short_run["run_dir"], "agent.pt")
+    assert os.path.isfile(checkpoint)
+    result = reinforce.main(reinforce.Args(eval_checkpoint=checkpoint, eval_episodes=2, runs_dir=str(tmp_path), cuda=False))
+    # same weights, same evaluation seeds, greedy policy: the same returns as right after training
+    assert result["eval_returns"] == short_run["eval_returns"]
+    assert not os.listdir(tmp_path)  # nothing trained, nothing logged
+
+
+def test_batch_is_complete_episodes_from_every_env(tmp_path, monkeypatch):
+    # record what the envs returned; every env must contribute exactly its share of episodes per batch
+    real_make = reinforce.make_vector_env
+    ended = []
+
+    class Record(gym.vector.VectorWrapper):
+        def reset(self, **kw):
+            ended.append(np.zeros(self.num_envs, dtype=int))
+            return self.env.reset(**kw)
+
+        def step(self, actions):
+            out = self.env.step(actions)
+            ended[-1] += out[2] | out[3]
+            return out
+
+    monkeypatch.setattr(reinforce, "make_vector_env", lambda *a: Record(real_make(*a)))
+    result = reinforce.main(small_args(tmp_path, num_envs=4, num_episodes=8, eval_episodes=0, save_model=False))
+    # each env ends at least its 2 episodes in a batch (more if it waited for the others), and
+    # exactly 8 per batch are logged
+    assert len(ended) >= 2
+    for per_env in ended:
+        assert (per_env >= 2).all()
+    assert len(result["episodic_returns"]) == 8 * len(ended)
+
+
+def test_no_baseline_has_no_critic_losses(tmp_path):
+    result = reinforce.main(small_args(tmp_path, baseline=False, eval_episodes=0, save_model=False))
+    tags = read_events(result["run_dir"]).Tags()["scalars"]
+    for tag in CRITIC_TAGS:
+        assert tag not in tags, tag
+    assert "losses/policy_loss" in tags
+
+
+def test_same_seed_same_run(tmp_path):
+    a = reinforce.main(small_args(tmp_path / "a", eval_episodes=0, save_model=False))
+    b = reinforce.main(small_args(tmp_path / "b", eval_episodes=0, save_model=False))
+    c = reinforce.main(small_args(tmp_path / "c", eval_episodes=0, save_model=False, seed=2))
+    assert len(a["episodic_returns"]) > 10
+    assert a["episodic_returns"] == b["episodic_returns"]
+    assert a["episodic_returns"] != c["episodic_returns"]
+
+
+def test_learns_within_60k_steps(tmp_path):
+    result = reinforce.main(small_args(tmp_path, total_timesteps=60_000, eval_episodes=0, save_model=False))
+    # random play averages ~22; a broken gradient, return or baseline does not get here in 60k steps
+    assert np.mean(result["episodic_returns"][-16:]) >= 100
+
+
+def test_ctrl_c_keeps_logs_and_saves(tmp_path, monkeypatch):
+    real_make = reinforce.make_vector_env
+
+    class Interrupt(gym.vector.VectorWrapper):
+        calls = 0
+
+        def step(self, actions):
+            Interrupt.calls += 1
+            if Interrupt.calls == 300:
+                raise KeyboardInterrupt
+            return self.env.step(actions)
+
+    monkeypatch.setattr(reinforce, "make_vector_env", lambda *a: Interrupt(real_make(*a)))
+    result = reinforce.main(small_args(tmp_path, total_timesteps=50_000))
+    assert os.path.isfile(os.path.join(result["run_dir"], "agent.pt"))
+    assert result["eval_returns"] == []
+    acc = read_events(result["run_dir"])  # the writer was flushed and closed
+    assert len(acc.Scalars("charts/episodic_return")) == len(result["episodic_returns"]) > 0
+
+
+# ---------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    "kw, flag",
+    [
+        (dict(num_episodes=12, num_envs=8), "--num-episodes"),
+        (dict(num_episodes=0), "--num-episodes"),
+        (dict(num_envs=0), "--num-envs"),
+        (dict(gamma=-0.5), "--gamma"),
+        (dict(env_id="Pendulum-v1"), "--env-id"),
+        (dict(env_id="NoSuchEnv-v0"), "--env-id"),
+        (dict(total_timesteps=0), "--total-timesteps"),
+        (dict(eval_episodes=-1), "--eval-episodes"),
+        (dict(eval_checkpoint="/no/such/agent.pt"), "--eval-checkpoint"),
+    ],
+)
+def test_bad_input_fails_fast_naming_the_flag(tmp_path, kw, flag):
+    with pytest.raises(SystemExit, match=flag) as excinfo:
+        reinforce.main(small_args(tmp_path / "runs", **kw))
+    assert "\n" not in str(excinfo.value)
+    assert not (tmp_path / "runs").exists()  # failed before any run directory or training
