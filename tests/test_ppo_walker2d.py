@@ -1,0 +1,218 @@
+"""Tests of ppo_walker2d.py: the Gaussian math, the normalization statistics, the truncation bootstrap,
+a short end-to-end run read back from TensorBoard, checkpoint evaluation and argument checks."""
+import copy
+import glob
+import math
+import os
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+import ppo_walker2d as P
+
+torch.set_num_threads(1)
+
+
+def test_gaussian_logprob_and_entropy_match_torch_distributions():
+    torch.manual_seed(0)
+    mean, logstd, action = torch.randn(5, 6), torch.randn(1, 6).expand(5, 6), torch.randn(5, 6) * 2
+    normal = torch.distributions.Normal(mean, logstd.exp())
+    torch.testing.assert_close(P.gaussian_logprob(mean, logstd, action), normal.log_prob(action).sum(-1))
+    torch.testing.assert_close(P.gaussian_entropy(logstd), normal.entropy().sum(-1))
+
+
+def test_gaussian_logprob_and_entropy_hand_formula():
+    # 2 dimensions, std 1 and e: log N(a) = sum_i -(a_i - mu_i)^2 / (2 sigma_i^2) - log sigma_i - log(2 pi) / 2
+    mean, logstd, action = torch.tensor([0.0, 1.0]), torch.tensor([0.0, 1.0]), torch.tensor([1.0, 1.0 + math.e])
+    expected = (-0.5 - 0.5 * math.log(2 * math.pi)) + (-0.5 - 1.0 - 0.5 * math.log(2 * math.pi))
+    assert P.gaussian_logprob(mean, logstd, action).item() == pytest.approx(expected, rel=1e-6)
+    expected_entropy = 2 * (0.5 + 0.5 * math.log(2 * math.pi)) + 1.0
+    assert P.gaussian_entropy(logstd).item() == pytest.approx(expected_entropy, rel=1e-6)
+
+
+def test_agent_scores_its_own_samples_with_the_normal_density():
+    torch.manual_seed(0)
+    agent = P.Agent(17, 6, init_log_std=-0.5)
+    x = torch.randn(32, 17)
+    action, logprob, entropy, value = agent.get_action_and_value(x)
+    normal = torch.distributions.Normal(agent.actor_mean(x), agent.actor_logstd.exp().expand(32, 6))
+    torch.testing.assert_close(logprob, normal.log_prob(action).sum(-1))
+    torch.testing.assert_close(entropy, normal.entropy().sum(-1))
+    assert value.shape == (32,)
+    # the same action scored again (the update's path) gives the same log-probability
+    torch.testing.assert_close(agent.get_action_and_value(x, action)[1], logprob)
+
+
+def test_running_mean_std_matches_numpy_over_all_batches():
+    rng = np.random.default_rng(0)
+    batches = [rng.normal(3.0, 2.0, size=(8, 4)) for _ in range(50)]
+    rms = P.RunningMeanStd(4)
+    for batch in batches:
+        rms.update(batch)
+    data = np.concatenate(batches)
+    np.testing.assert_allclose(rms.mean, data.mean(0), rtol=1e-6)
+    np.testing.assert_allclose(rms.var, data.var(0), rtol=1e-4)
+
+
+def test_reward_scaler_divides_by_the_std_of_the_discounted_return():
+    scaler = P.RewardScaler(num_envs=2, gamma=0.5, clip=10.0)
+    no_done = np.zeros(2, dtype=bool)
+    scaler(np.array([1.0, 2.0]), no_done)
+    scaled = scaler(np.array([1.0, 2.0]), np.array([True, False]))
+    # discounted returns seen: [1, 2] then [1.5, 3]; the second step is scaled by their std
+    expected_std = np.sqrt(np.var([1.0, 2.0, 1.5, 3.0]) * 4 / (4 + 1e-4))
+    np.testing.assert_allclose(scaled, np.array([1.0, 2.0]) / expected_std, rtol=1e-3)
+    np.testing.assert_allclose(scaler.discounted_return, [0.0, 3.0])  # env 0's episode ended
+    tight = P.RewardScaler(num_envs=2, gamma=0.5, clip=0.1)
+    np.testing.assert_array_equal(tight(np.array([1.0, -2.0]), no_done), [0.1, -0.1])
+
+
+def test_saved_then_loaded_agent_acts_the_same(tmp_path):
+    torch.manual_seed(0)
+    agent = P.Agent(17, 6)
+    obs_rms = P.RunningMeanStd(17)
+    obs_rms.update(np.random.default_rng(0).normal(5.0, 3.0, size=(100, 17)))
+    args = P.Args(env_id="Walker2d-v5")
+    path = P.save_agent(agent, obs_rms, P.RewardScaler(1, 0.99, 10.0), args, 17, 6, str(tmp_path))
+
+    loaded, loaded_rms, _ = P.load_agent(path, torch.device("cpu"))
+    raw = np.random.default_rng(1).normal(5.0, 3.0, size=(10, 17))
+
+    def act(a, rms):
+        with torch.inference_mode():
+            return a.mean_action(torch.as_tensor(P.normalize_obs(raw, rms, 10.0))).numpy()
+
+    np.testing.assert_array_equal(act(loaded, loaded_rms), act(agent, obs_rms))
+    # the statistics matter: fresh ones would make the loaded agent act differently
+    assert not np.allclose(act(loaded, P.RunningMeanStd(17)), act(agent, obs_rms), atol=1e-3)
+
+
+def test_final_observations_replaces_autoreset_observations():
+    next_obs = np.zeros((3, 2))
+    infos = {"final_obs": np.array([None, np.array([7.0, 8.0]), None], dtype=object),
+             "_final_obs": np.array([False, True, False])}
+    np.testing.assert_array_equal(P.final_observations(next_obs, infos), [[0, 0], [7, 8], [0, 0]])
+    assert P.final_observations(next_obs, {}) is next_obs
+
+
+def test_gae_bootstraps_truncation_but_not_termination():
+    # one step, three envs: running on, truncated, terminated
+    rewards = torch.ones(1, 3)
+    values = torch.zeros(1, 3)
+    next_values = torch.full((1, 3), 10.0)
+    terminations = torch.tensor([[0.0, 0.0, 1.0]])
+    dones = torch.tensor([[0.0, 1.0, 1.0]])
+    advantages, returns = P.compute_gae(rewards, values, next_values, terminations, dones, 0.9, 0.95)
+    torch.testing.assert_close(advantages, torch.tensor([[10.0, 10.0, 1.0]]))
+    torch.testing.assert_close(returns, advantages)
+
+
+def test_gae_two_steps_hand_computed():
+    rewards = torch.tensor([[1.0], [2.0]])
+    values = torch.tensor([[0.5], [1.0]])
+    next_values = torch.tensor([[1.0], [3.0]])
+    zeros = torch.zeros(2, 1)
+    gamma, lam = 0.9, 0.8
+    d1 = 2.0 + gamma * 3.0 - 1.0
+    d0 = 1.0 + gamma * 1.0 - 0.5
+    advantages, _ = P.compute_gae(rewards, values, next_values, zeros, zeros, gamma, lam)
+    torch.testing.assert_close(advantages, torch.tensor([[d0 + gamma * lam * d1], [d1]]))
+
+
+class CountingEnv(gym.Env):
+    """Observation = steps taken in the episode; never terminates, so only the time limit ends it."""
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float64)
+    action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.array([0.0]), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.array([float(self.t)]), 1.0, False, False, {}
+
+
+def test_truncation_bootstrap_uses_the_normalized_final_observation(tmp_path, monkeypatch):
+    gym.register("CountingEnv-v0", entry_point=CountingEnv, max_episode_steps=4)
+    agents, captured = [], {}
+
+    class RecordingAgent(P.Agent):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            agents.append(self)
+
+    def recording_gae(rewards, values, next_values, terminations, dones, gamma, gae_lambda):
+        captured.update(next_values=next_values.clone(), terminations=terminations.clone(), dones=dones.clone(),
+                        critic=copy.deepcopy(agents[0].critic))  # the update that follows changes the agent
+        return compute_gae(rewards, values, next_values, terminations, dones, gamma, gae_lambda)
+
+    compute_gae = P.compute_gae
+    monkeypatch.setattr(P, "Agent", RecordingAgent)
+    monkeypatch.setattr(P, "compute_gae", recording_gae)
+    args = P.Args(env_id="CountingEnv-v0", num_envs=2, num_steps=6, total_timesteps=12, num_minibatches=1,
+                  update_epochs=1, eval_episodes=0, runs_dir=str(tmp_path), cuda=False)
+    P.main(args)
+
+    # both envs are cut by the time limit at step 3, where the final observation is [4]
+    np.testing.assert_array_equal(captured["dones"][:, 0].numpy(), [0, 0, 0, 1, 0, 0])
+    assert captured["terminations"].sum() == 0
+    # the statistics at that moment: the reset observations and those of steps 0-2, for both envs
+    rms = P.RunningMeanStd(1)
+    for t in range(4):
+        rms.update(np.full((2, 1), float(t)))
+    with torch.inference_mode():
+        expected = captured["critic"](torch.as_tensor(P.normalize_obs(np.array([[4.0]]), rms, 10.0))).item()
+        unnormalized = captured["critic"](torch.tensor([[4.0]])).item()
+    torch.testing.assert_close(captured["next_values"][3], torch.tensor([expected, expected]))
+    assert abs(expected - unnormalized) > 1e-4
+
+
+def read_scalars(run_dir):
+    accumulator = EventAccumulator(run_dir)
+    accumulator.Reload()
+    return {tag: [event.value for event in accumulator.Scalars(tag)] for tag in accumulator.Tags()["scalars"]}
+
+
+def test_short_run_logs_the_tags_and_its_checkpoint_evaluates_the_same(tmp_path):
+    args = P.Args(total_timesteps=4096, num_envs=4, num_steps=256, num_minibatches=16, update_epochs=2,
+                  eval_episodes=2, save_model=True, runs_dir=str(tmp_path), cuda=False)
+    result = P.main(args)
+    scalars = read_scalars(result["run_dir"])
+    for tag in ("charts/episodic_return", "charts/episodic_length", "charts/learning_rate", "charts/SPS",
+                "losses/value_loss", "losses/policy_loss", "losses/entropy", "losses/old_approx_kl",
+                "losses/approx_kl", "losses/clipfrac", "losses/explained_variance", "eval/episodic_return"):
+        assert tag in scalars, tag
+    assert len(scalars["losses/value_loss"]) == 4  # 4096 steps / (4 envs x 256 steps)
+    assert scalars["charts/learning_rate"][0] == pytest.approx(3e-4)
+    assert len(scalars["eval/episodic_return"]) == 2
+    # episodic returns are the raw env rewards, not the scaled ones (which are clipped to 10 per step)
+    assert max(scalars["charts/episodic_return"]) == pytest.approx(max(result["episodic_returns"]))
+
+    checkpoint = os.path.join(result["run_dir"], "agent.pt")
+    assert glob.glob(checkpoint)
+    evaluated = P.main(P.Args(eval_checkpoint=checkpoint, eval_episodes=2, cuda=False))
+    # same seeds, same mean actions, same frozen statistics: the same returns as the in-training evaluation
+    np.testing.assert_allclose(evaluated["eval_returns"], result["eval_returns"], rtol=1e-6)
+
+
+def test_discrete_env_fails_fast():
+    with pytest.raises(SystemExit, match="--env-id CartPole-v1 .* Box"):
+        P.check_args(P.Args(env_id="CartPole-v1"))
+
+
+def test_bad_num_minibatches_fails_fast():
+    with pytest.raises(SystemExit, match="--num-minibatches"):
+        P.check_args(P.Args(num_envs=8, num_steps=256, num_minibatches=3))
+    with pytest.raises(SystemExit, match="--num-minibatches"):
+        P.main(P.Args(num_minibatches=0))
+
+
+def test_missing_checkpoint_fails_fast(tmp_path):
+    with pytest.raises(SystemExit, match="--eval-checkpoint"):
+        P.check_args(P.Args(eval_checkpoint=str(tmp_path / "nope.pt")))
