@@ -1,5 +1,55 @@
-"""Make the top-level scripts importable as modules (`import ppo_cartpole`) from the tests."""
+"""Shared test helpers. Also makes the top-level scripts importable as modules (`import ppo_cartpole`)."""
+import glob
+import os
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def _read_events(run_dir):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (event_file,) = glob.glob(os.path.join(run_dir, "events.out.tfevents.*"))
+    acc = EventAccumulator(event_file, size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    return acc
+
+
+@pytest.fixture
+def read_events():
+    """The TensorBoard event file of a run directory, loaded: `read_events(run_dir).Scalars(tag)`."""
+    return _read_events
+
+
+@pytest.fixture
+def interrupted_run(monkeypatch):
+    """Run `module.main(args)` with a Ctrl-C (KeyboardInterrupt) raised from the vector env's step number
+    `calls`, and check what an interrupted run must leave: the saved agent, no evaluation, and a closed
+    TensorBoard file holding every episode the run saw."""
+    import gymnasium as gym
+
+    def run(module, args, calls=300):
+        real_make = module.make_vector_env
+        steps = 0
+
+        class Interrupt(gym.vector.VectorWrapper):
+            def step(self, actions):
+                nonlocal steps
+                steps += 1
+                if steps == calls:
+                    raise KeyboardInterrupt
+                return self.env.step(actions)
+
+        monkeypatch.setattr(module, "make_vector_env", lambda *a: Interrupt(real_make(*a)))
+        result = module.main(args)
+        assert steps == calls
+        assert os.path.isfile(os.path.join(result["run_dir"], "agent.pt"))
+        assert result["eval_returns"] == []
+        acc = _read_events(result["run_dir"])
+        assert len(acc.Scalars("charts/episodic_return")) == len(result["episodic_returns"]) > 0
+        return result
+
+    return run

@@ -1,11 +1,8 @@
-import glob
 import os
 
-import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import a2c
 
@@ -23,11 +20,6 @@ SHARED_TAGS = [
 PPO_ONLY_TAGS = ["losses/old_approx_kl", "losses/approx_kl", "losses/clipfrac"]
 
 
-def read_events(run_dir):
-    (event_file,) = glob.glob(os.path.join(run_dir, "events.out.tfevents.*"))
-    acc = EventAccumulator(event_file, size_guidance={"scalars": 0, "tensors": 0})
-    acc.Reload()
-    return acc
 
 
 # ---------------------------------------------------------------------------- math
@@ -134,7 +126,7 @@ def short_run(tmp_path_factory):
     return a2c.main(small_args(tmp_path_factory.mktemp("runs")))
 
 
-def test_short_run_logs_every_tag(short_run):
+def test_short_run_logs_every_tag(short_run, read_events):
     acc = read_events(short_run["run_dir"])
     tags = acc.Tags()
     for tag in SHARED_TAGS:
@@ -184,24 +176,8 @@ def test_learns_within_60k_steps(tmp_path):
     assert np.mean(result["episodic_returns"][-10:]) >= 150
 
 
-def test_ctrl_c_keeps_logs_and_saves(tmp_path, monkeypatch):
-    real_make = a2c.make_vector_env
-
-    class Interrupt(gym.vector.VectorWrapper):
-        calls = 0
-
-        def step(self, actions):
-            Interrupt.calls += 1
-            if Interrupt.calls == 300:
-                raise KeyboardInterrupt
-            return self.env.step(actions)
-
-    monkeypatch.setattr(a2c, "make_vector_env", lambda *a: Interrupt(real_make(*a)))
-    result = a2c.main(small_args(tmp_path, total_timesteps=50_000))
-    assert os.path.isfile(os.path.join(result["run_dir"], "agent.pt"))
-    assert result["eval_returns"] == []
-    acc = read_events(result["run_dir"])  # the writer was flushed and closed
-    assert len(acc.Scalars("charts/episodic_return")) == len(result["episodic_returns"]) > 0
+def test_ctrl_c_keeps_logs_and_saves(tmp_path, interrupted_run):
+    interrupted_run(a2c, small_args(tmp_path, total_timesteps=50_000))
 
 
 # ---------------------------------------------------------------------------- bad input

@@ -1,11 +1,9 @@
-import glob
 import os
 
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import reinforce
 
@@ -24,11 +22,6 @@ CRITIC_TAGS = ["losses/value_loss", "losses/explained_variance"]
 PPO_ONLY_TAGS = ["losses/old_approx_kl", "losses/approx_kl", "losses/clipfrac"]
 
 
-def read_events(run_dir):
-    (event_file,) = glob.glob(os.path.join(run_dir, "events.out.tfevents.*"))
-    acc = EventAccumulator(event_file, size_guidance={"scalars": 0, "tensors": 0})
-    acc.Reload()
-    return acc
 
 
 # ---------------------------------------------------------------------------- math
@@ -126,7 +119,7 @@ def short_run(tmp_path_factory):
     return reinforce.main(small_args(tmp_path_factory.mktemp("runs")))
 
 
-def test_short_run_logs_every_tag(short_run):
+def test_short_run_logs_every_tag(short_run, read_events):
     acc = read_events(short_run["run_dir"])
     tags = acc.Tags()
     for tag in SHARED_TAGS:
@@ -182,7 +175,7 @@ def test_batch_is_complete_episodes_from_every_env(tmp_path, monkeypatch):
     assert len(result["episodic_returns"]) == 8 * len(ended)
 
 
-def test_no_baseline_has_no_critic_losses(tmp_path):
+def test_no_baseline_has_no_critic_losses(tmp_path, read_events):
     result = reinforce.main(small_args(tmp_path, baseline=False, eval_episodes=0, save_model=False))
     tags = read_events(result["run_dir"]).Tags()["scalars"]
     for tag in CRITIC_TAGS:
@@ -205,24 +198,8 @@ def test_learns_within_60k_steps(tmp_path):
     assert np.mean(result["episodic_returns"][-16:]) >= 100
 
 
-def test_ctrl_c_keeps_logs_and_saves(tmp_path, monkeypatch):
-    real_make = reinforce.make_vector_env
-
-    class Interrupt(gym.vector.VectorWrapper):
-        calls = 0
-
-        def step(self, actions):
-            Interrupt.calls += 1
-            if Interrupt.calls == 300:
-                raise KeyboardInterrupt
-            return self.env.step(actions)
-
-    monkeypatch.setattr(reinforce, "make_vector_env", lambda *a: Interrupt(real_make(*a)))
-    result = reinforce.main(small_args(tmp_path, total_timesteps=50_000))
-    assert os.path.isfile(os.path.join(result["run_dir"], "agent.pt"))
-    assert result["eval_returns"] == []
-    acc = read_events(result["run_dir"])  # the writer was flushed and closed
-    assert len(acc.Scalars("charts/episodic_return")) == len(result["episodic_returns"]) > 0
+def test_ctrl_c_keeps_logs_and_saves(tmp_path, interrupted_run):
+    interrupted_run(reinforce, small_args(tmp_path, total_timesteps=50_000))
 
 
 # ---------------------------------------------------------------------------- bad input
