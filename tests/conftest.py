@@ -53,3 +53,36 @@ def interrupted_run(monkeypatch):
         return result
 
     return run
+
+
+@pytest.fixture
+def checkpoint_reevaluates(tmp_path):
+    """Evaluate a short run's saved agent.pt with `--eval-checkpoint`: same weights, same evaluation seeds
+    and the deterministic policy must give the returns measured right after training, and nothing is
+    trained or logged."""
+
+    def check(module, short_run):
+        checkpoint = os.path.join(short_run["run_dir"], "agent.pt")
+        assert os.path.isfile(checkpoint)
+        args = module.Args(eval_checkpoint=checkpoint, eval_episodes=2, runs_dir=str(tmp_path), cuda=False)
+        result = module.main(args)
+        assert result["eval_returns"] == short_run["eval_returns"]
+        assert not os.listdir(tmp_path)
+
+    return check
+
+
+@pytest.fixture
+def seeded_runs(tmp_path):
+    """Two runs with one seed give identical episodic returns; a third with another seed does not."""
+
+    def check(module, small_args):
+        a, b, c = (
+            module.main(small_args(tmp_path / name, eval_episodes=0, save_model=False, seed=seed))
+            for name, seed in (("a", 1), ("b", 1), ("c", 2))
+        )
+        assert len(a["episodic_returns"]) > 10
+        assert a["episodic_returns"] == b["episodic_returns"]
+        assert a["episodic_returns"] != c["episodic_returns"]
+
+    return check

@@ -147,22 +147,12 @@ def test_short_run_logs_every_tag(short_run, read_events):
     assert len(acc.Scalars("losses/policy_loss")) == -(-3000 // (args.num_envs * args.num_steps))
 
 
-def test_saved_agent_evaluates_without_training(short_run, tmp_path):
-    checkpoint = os.path.join(short_run["run_dir"], "agent.pt")
-    assert os.path.isfile(checkpoint)
-    result = a2c.main(a2c.Args(eval_checkpoint=checkpoint, eval_episodes=2, runs_dir=str(tmp_path), cuda=False))
-    # same weights, same evaluation seeds, greedy policy: the same returns as right after training
-    assert result["eval_returns"] == short_run["eval_returns"]
-    assert not os.listdir(tmp_path)  # nothing trained, nothing logged
+def test_saved_agent_evaluates_without_training(short_run, checkpoint_reevaluates):
+    checkpoint_reevaluates(a2c, short_run)
 
 
-def test_same_seed_same_run(tmp_path):
-    a = a2c.main(small_args(tmp_path / "a", eval_episodes=0, save_model=False))
-    b = a2c.main(small_args(tmp_path / "b", eval_episodes=0, save_model=False))
-    c = a2c.main(small_args(tmp_path / "c", eval_episodes=0, save_model=False, seed=2))
-    assert len(a["episodic_returns"]) > 10
-    assert a["episodic_returns"] == b["episodic_returns"]
-    assert a["episodic_returns"] != c["episodic_returns"]
+def test_same_seed_same_run(seeded_runs):
+    seeded_runs(a2c, small_args)
 
 
 def test_gae_flag_runs(tmp_path):

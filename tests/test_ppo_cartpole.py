@@ -153,22 +153,12 @@ def test_short_run_logs_every_tag(short_run, read_events):
     assert acc.Scalars("charts/learning_rate")[-1].value < acc.Scalars("charts/learning_rate")[0].value
 
 
-def test_saved_agent_evaluates_without_training(short_run, tmp_path):
-    checkpoint = os.path.join(short_run["run_dir"], "agent.pt")
-    assert os.path.isfile(checkpoint)
-    result = ppo_cartpole.main(ppo_cartpole.Args(eval_checkpoint=checkpoint, eval_episodes=2, runs_dir=str(tmp_path), cuda=False))
-    # same weights, same evaluation seeds, greedy policy: the same returns as right after training
-    assert result["eval_returns"] == short_run["eval_returns"]
-    assert not os.listdir(tmp_path)  # nothing trained, nothing logged
+def test_saved_agent_evaluates_without_training(short_run, checkpoint_reevaluates):
+    checkpoint_reevaluates(ppo_cartpole, short_run)
 
 
-def test_same_seed_same_run(tmp_path):
-    a = ppo_cartpole.main(small_args(tmp_path / "a", eval_episodes=0, save_model=False))
-    b = ppo_cartpole.main(small_args(tmp_path / "b", eval_episodes=0, save_model=False))
-    c = ppo_cartpole.main(small_args(tmp_path / "c", eval_episodes=0, save_model=False, seed=2))
-    assert len(a["episodic_returns"]) > 10
-    assert a["episodic_returns"] == b["episodic_returns"]
-    assert a["episodic_returns"] != c["episodic_returns"]
+def test_same_seed_same_run(seeded_runs):
+    seeded_runs(ppo_cartpole, small_args)
 
 
 def test_learns_within_30k_steps(tmp_path):

@@ -141,13 +141,8 @@ def test_short_run_logs_every_tag(short_run, read_events):
     assert acc.Scalars("charts/SPS")[-1].step >= 3000
 
 
-def test_saved_agent_evaluates_without_training(short_run, tmp_path):
-    checkpoint = os.path.join(short_run["run_dir"], "agent.pt")
-    assert os.path.isfile(checkpoint)
-    result = reinforce.main(reinforce.Args(eval_checkpoint=checkpoint, eval_episodes=2, runs_dir=str(tmp_path), cuda=False))
-    # same weights, same evaluation seeds, greedy policy: the same returns as right after training
-    assert result["eval_returns"] == short_run["eval_returns"]
-    assert not os.listdir(tmp_path)  # nothing trained, nothing logged
+def test_saved_agent_evaluates_without_training(short_run, checkpoint_reevaluates):
+    checkpoint_reevaluates(reinforce, short_run)
 
 
 def test_batch_is_complete_episodes_from_every_env(tmp_path, monkeypatch):
@@ -183,13 +178,8 @@ def test_no_baseline_has_no_critic_losses(tmp_path, read_events):
     assert "losses/policy_loss" in tags
 
 
-def test_same_seed_same_run(tmp_path):
-    a = reinforce.main(small_args(tmp_path / "a", eval_episodes=0, save_model=False))
-    b = reinforce.main(small_args(tmp_path / "b", eval_episodes=0, save_model=False))
-    c = reinforce.main(small_args(tmp_path / "c", eval_episodes=0, save_model=False, seed=2))
-    assert len(a["episodic_returns"]) > 10
-    assert a["episodic_returns"] == b["episodic_returns"]
-    assert a["episodic_returns"] != c["episodic_returns"]
+def test_same_seed_same_run(seeded_runs):
+    seeded_runs(reinforce, small_args)
 
 
 def test_learns_within_60k_steps(tmp_path):
