@@ -84,7 +84,7 @@ import torch
 import torch.nn as nn
 import tyro
 from torch.utils.tensorboard import SummaryWriter
-from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
 
 @dataclass
@@ -325,6 +325,18 @@ def load_tokenizer(model_name: str, stop_token: str):
     return tokenizer, tokenizer.pad_token_id, stop_ids[0]
 
 
+def load_policy(model_name: str, device: torch.device) -> nn.Module:
+    config = from_pretrained(AutoConfig, model_name, "--model-name")
+    if getattr(config, "activation_function", None) == "gelu_new":
+        # GPT-2's "gelu_new" is the tanh GELU written as six element-wise operations whose outputs backward
+        # keeps; torch's fused GELU(approximate="tanh") is the same function (to float rounding) and keeps
+        # only its input: about a third less activation memory in the update, and faster
+        config.activation_function = "gelu_pytorch_tanh"
+    policy = from_pretrained(AutoModelForCausalLM, model_name, "--model-name", config=config, dtype=torch.float32)
+    # detail 6: dropout off in all models: eval mode everywhere, also while training
+    return policy.to(device).eval()
+
+
 def load_prompts(prompts_file: str | None) -> list[str]:
     if prompts_file is None:
         return list(PROMPTS)
@@ -410,10 +422,11 @@ def scale_logits(logits: torch.Tensor, temperature: float, pad_token_id: int) ->
 def response_logits(model, query_responses: torch.Tensor, context_length: int, temperature: float,
                     pad_token_id: int) -> torch.Tensor:
     """Scaled logits of the distributions the response tokens were sampled from: (batch, response_length, vocab)."""
-    response_length = query_responses.shape[1] - context_length
-    # The logits at position i predict token i + 1: keep the last response_length + 1 and drop the final one.
-    output = model(**model_inputs(query_responses, pad_token_id), logits_to_keep=response_length + 1)
-    return scale_logits(output.logits[:, :-1], temperature, pad_token_id)
+    # The logits at position i predict token i + 1: the response tokens are predicted at positions
+    # context_length - 1 ... L - 2, and only those go through the (vocabulary-sized) output layer.
+    positions = torch.arange(context_length - 1, query_responses.shape[1] - 1, device=query_responses.device)
+    output = model(**model_inputs(query_responses, pad_token_id), logits_to_keep=positions)
+    return scale_logits(output.logits, temperature, pad_token_id)
 
 
 def gather_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -561,9 +574,7 @@ def main(args: Args) -> dict:
 
     prompts = load_prompts(args.prompts_file)
     tokenizer, pad_token_id, stop_token_id = load_tokenizer(args.model_name, args.stop_token)
-    policy = from_pretrained(AutoModelForCausalLM, args.model_name, "--model-name", dtype=torch.float32).to(device)
-    # detail 6: dropout off in all models: eval mode everywhere, also while training
-    policy.eval()
+    policy = load_policy(args.model_name, device)
     ref_policy = copy.deepcopy(policy).requires_grad_(False)  # the frozen reference: the initial policy
     # detail 12: the value model is a separate copy of the policy's backbone, with its own scalar head
     value_model = ValueModel(copy.deepcopy(policy.base_model), policy.config.hidden_size).to(device).eval()
@@ -654,16 +665,19 @@ def main(args: Args) -> dict:
                                      for i in range(0, args.minibatch_size, args.micro_batch_size)]
                     for micro_inds in micro_batches:  # the policy step
                         mask = response_mask[micro_inds]
-                        logits = response_logits(policy, query_responses[micro_inds], context_length,
-                                                 args.temperature, pad_token_id)
-                        newlogprob = gather_logprobs(logits, responses[micro_inds].masked_fill(~mask, 0))
+                        # only the log-softmax of the logits is kept (backward needs it, not the logits)
+                        all_logprobs = response_logits(policy, query_responses[micro_inds], context_length,
+                                                       args.temperature, pad_token_id).log_softmax(-1)
+                        tokens = responses[micro_inds].masked_fill(~mask, 0)
+                        newlogprob = all_logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
                         pg_loss, ratio, logratio = policy_loss(newlogprob, logprobs[micro_inds],
                                                                advantages[micro_inds], mask, args.clip_coef)
+                        with torch.no_grad():
+                            entropy = -(all_logprobs.exp() * all_logprobs).sum(-1)
                         # detail 17: weight each micro-batch by its share of the minibatch's real tokens, so
                         # the accumulated gradient is that of the token mean over the whole minibatch
                         (pg_loss * mask.sum() / minibatch_tokens).backward()
                         with torch.no_grad():
-                            entropy = torch.logsumexp(logits, -1) - (logits.softmax(-1) * logits).sum(-1)
                             log["pg_loss"].append(pg_loss.item())
                             log["entropy"].append(masked_mean(entropy, mask).item())
                             log["old_approx_kl"].append(masked_mean(-logratio, mask).item())
@@ -671,7 +685,7 @@ def main(args: Args) -> dict:
                             log["clipfrac"].append(masked_mean(((ratio - 1.0).abs() > args.clip_coef).float(),
                                                                mask).item())
                             log["ratio"].append(masked_mean(ratio, mask).item())
-                        del logits, newlogprob, entropy
+                        del all_logprobs, newlogprob, entropy
                     nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)  # detail 18
                     policy_optimizer.step()
                     policy_optimizer.zero_grad(set_to_none=True)

@@ -15,6 +15,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2ForSequenceClassification,
                           GPT2LMHeadModel, PreTrainedTokenizerFast)
+from transformers.activations import GELUTanh
+from transformers.models.gpt2.modeling_gpt2 import GPT2MLP
 
 import ppo_rlhf_gpt2 as rlhf
 
@@ -267,6 +269,21 @@ def test_value_head_init():
 
 
 # ---------------------------------------------------------------------------------------------- the models
+
+
+def test_loaded_policy_uses_fused_gelu_and_computes_the_same_function(tiny):
+    # GPT-2's "gelu_new" is swapped for torch's fused tanh GELU (less activation memory); the model must
+    # still compute what the saved model computes
+    policy = rlhf.load_policy(tiny["policy"], torch.device("cpu"))
+    plain = AutoModelForCausalLM.from_pretrained(tiny["policy"]).eval()
+    assert plain.config.activation_function == "gelu_new"
+    activations = [m.act for m in policy.modules() if isinstance(m, GPT2MLP)]
+    assert activations and all(isinstance(a, GELUTanh) for a in activations)
+    assert not policy.training
+    input_ids = torch.randint(0, policy.config.vocab_size, (3, 20), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        new, old = policy(input_ids).logits, plain(input_ids).logits
+    assert (new - old).abs().max() < 1e-4 * old.abs().max()
 
 
 def test_sampling_logprobs_equal_training_forward_logprobs(tiny):
