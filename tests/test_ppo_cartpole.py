@@ -22,8 +22,6 @@ SHARED_TAGS = [
 ]
 
 
-
-
 # ---------------------------------------------------------------------------- math
 
 
@@ -58,23 +56,23 @@ def test_gae_matches_explicit_sum_of_td_residuals(seed):
     assert terminations.any() and truncations.any()
     gamma, lam = 0.97, 0.9
 
-    t = lambda a: torch.as_tensor(a, dtype=torch.float64)
+    t = lambda a: np.asarray(a, dtype=np.float64)
     advantages, returns = ppo_cartpole.compute_gae(
         t(rewards), t(values), t(next_values), t(terminations), t(dones), gamma, lam
     )
     expected = np.array(gae_reference(rewards.tolist(), values.tolist(), next_values.tolist(),
                                       terminations.tolist(), dones.tolist(), gamma, lam))
-    np.testing.assert_allclose(advantages.numpy(), expected, rtol=1e-10, atol=1e-10)
-    np.testing.assert_allclose(returns.numpy(), expected + values, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(advantages, expected, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(returns, expected + values, rtol=1e-10, atol=1e-10)
 
 
 def test_gae_truncation_bootstraps_and_termination_does_not():
     # one env, lambda 0: the advantage is the one-step TD residual
-    rewards = torch.tensor([[1.0], [1.0], [1.0]])
-    values = torch.tensor([[5.0], [5.0], [5.0]])
-    next_values = torch.tensor([[7.0], [7.0], [7.0]])
-    terminations = torch.tensor([[0.0], [1.0], [0.0]])
-    dones = torch.tensor([[1.0], [1.0], [0.0]])  # step 0 truncated, step 1 terminated
+    rewards = np.array([[1.0], [1.0], [1.0]])
+    values = np.array([[5.0], [5.0], [5.0]])
+    next_values = np.array([[7.0], [7.0], [7.0]])
+    terminations = np.array([[0.0], [1.0], [0.0]])
+    dones = np.array([[1.0], [1.0], [0.0]])  # step 0 truncated, step 1 terminated
     advantages, returns = ppo_cartpole.compute_gae(rewards, values, next_values, terminations, dones, 0.5, 0.0)
     assert returns[:, 0].tolist() == [1.0 + 0.5 * 7.0, 1.0, 1.0 + 0.5 * 7.0]
 
@@ -106,6 +104,32 @@ def test_clipped_surrogate_value_and_gradient(ratio, advantage, loss, clipped):
         assert grad == 0.0
     else:
         assert grad == pytest.approx(-advantage * ratio, abs=1e-12)
+
+
+def test_categorical_logprob_entropy_and_sampling():
+    torch.manual_seed(0)
+    agent = ppo_cartpole.Agent(4, 3)
+    with torch.no_grad():  # a policy far from uniform, so that a wrong formula shows
+        agent.actor[-1].weight.mul_(300.0)
+    x = torch.randn(64, 4, dtype=torch.float64)
+    agent = agent.double()
+    action, logprob, entropy, value = agent.get_action_and_value(x)
+    logits = agent.actor(x)
+    reference = torch.distributions.Categorical(logits=logits)
+    torch.testing.assert_close(logprob, reference.log_prob(action))
+    torch.testing.assert_close(entropy, reference.entropy())
+    # by hand: softmax probabilities
+    probs = logits.exp() / logits.exp().sum(-1, keepdim=True)
+    torch.testing.assert_close(logprob, probs.gather(-1, action[:, None]).squeeze(-1).log())
+    torch.testing.assert_close(entropy, -(probs * probs.log()).sum(-1))
+    assert value.shape == (64,) and entropy.min() < 0.5 < entropy.max()
+    # the rollout's get_action scores its own sample the same way the update does
+    rollout_action, rollout_logprob = agent.get_action(x)
+    torch.testing.assert_close(rollout_logprob, agent.get_action_and_value(x, rollout_action)[1])
+    # sampling follows the probabilities: empirical frequencies of 20k draws from one state
+    one = x[:1].expand(20_000, 4)
+    frequencies = torch.bincount(agent.get_action(one)[0], minlength=3).double() / 20_000
+    torch.testing.assert_close(frequencies, probs[0], atol=0.015, rtol=0)
 
 
 def test_value_loss_clipping():
