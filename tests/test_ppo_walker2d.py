@@ -44,6 +44,13 @@ def test_agent_scores_its_own_samples_with_the_normal_density():
     assert value.shape == (32,)
     # the same action scored again (the update's path) gives the same log-probability
     torch.testing.assert_close(agent.get_action_and_value(x, action)[1], logprob)
+    # the rollout's actor-only path samples from the same Normal and scores its sample the same way
+    rollout_action, rollout_logprob = agent.get_action(x)
+    torch.testing.assert_close(rollout_logprob, normal.log_prob(rollout_action).sum(-1))
+    torch.testing.assert_close(agent.get_action_and_value(x, rollout_action)[1], rollout_logprob)
+    many = agent.get_action(x[:1].expand(20_000, 17))[0]
+    torch.testing.assert_close(many.mean(0), agent.actor_mean(x[:1])[0], atol=0.03, rtol=0)
+    torch.testing.assert_close(many.std(0), agent.actor_logstd.exp()[0], atol=0.03, rtol=0)
 
 
 def test_running_mean_std_matches_numpy_over_all_batches():
@@ -100,26 +107,26 @@ def test_final_observations_replaces_autoreset_observations():
 
 def test_gae_bootstraps_truncation_but_not_termination():
     # one step, three envs: running on, truncated, terminated
-    rewards = torch.ones(1, 3)
-    values = torch.zeros(1, 3)
-    next_values = torch.full((1, 3), 10.0)
-    terminations = torch.tensor([[0.0, 0.0, 1.0]])
-    dones = torch.tensor([[0.0, 1.0, 1.0]])
+    rewards = np.ones((1, 3))
+    values = np.zeros((1, 3))
+    next_values = np.full((1, 3), 10.0)
+    terminations = np.array([[0.0, 0.0, 1.0]])
+    dones = np.array([[0.0, 1.0, 1.0]])
     advantages, returns = P.compute_gae(rewards, values, next_values, terminations, dones, 0.9, 0.95)
-    torch.testing.assert_close(advantages, torch.tensor([[10.0, 10.0, 1.0]]))
-    torch.testing.assert_close(returns, advantages)
+    np.testing.assert_allclose(advantages, [[10.0, 10.0, 1.0]])
+    np.testing.assert_allclose(returns, advantages)
 
 
 def test_gae_two_steps_hand_computed():
-    rewards = torch.tensor([[1.0], [2.0]])
-    values = torch.tensor([[0.5], [1.0]])
-    next_values = torch.tensor([[1.0], [3.0]])
-    zeros = torch.zeros(2, 1)
+    rewards = np.array([[1.0], [2.0]])
+    values = np.array([[0.5], [1.0]])
+    next_values = np.array([[1.0], [3.0]])
+    zeros = np.zeros((2, 1))
     gamma, lam = 0.9, 0.8
     d1 = 2.0 + gamma * 3.0 - 1.0
     d0 = 1.0 + gamma * 1.0 - 0.5
     advantages, _ = P.compute_gae(rewards, values, next_values, zeros, zeros, gamma, lam)
-    torch.testing.assert_close(advantages, torch.tensor([[d0 + gamma * lam * d1], [d1]]))
+    np.testing.assert_allclose(advantages, [[d0 + gamma * lam * d1], [d1]])
 
 
 class CountingEnv(gym.Env):
@@ -148,7 +155,7 @@ def test_truncation_bootstrap_uses_the_normalized_final_observation(tmp_path, mo
             agents.append(self)
 
     def recording_gae(rewards, values, next_values, terminations, dones, gamma, gae_lambda):
-        captured.update(next_values=next_values.clone(), terminations=terminations.clone(), dones=dones.clone(),
+        captured.update(next_values=next_values.copy(), terminations=terminations.copy(), dones=dones.copy(),
                         critic=copy.deepcopy(agents[0].critic))  # the update that follows changes the agent
         return compute_gae(rewards, values, next_values, terminations, dones, gamma, gae_lambda)
 
@@ -160,7 +167,7 @@ def test_truncation_bootstrap_uses_the_normalized_final_observation(tmp_path, mo
     P.main(args)
 
     # both envs are cut by the time limit at step 3, where the final observation is [4]
-    np.testing.assert_array_equal(captured["dones"][:, 0].numpy(), [0, 0, 0, 1, 0, 0])
+    np.testing.assert_array_equal(captured["dones"][:, 0], [0, 0, 0, 1, 0, 0])
     assert captured["terminations"].sum() == 0
     # the statistics at that moment: the reset observations and those of steps 0-2, for both envs
     rms = P.RunningMeanStd(1)
@@ -169,7 +176,7 @@ def test_truncation_bootstrap_uses_the_normalized_final_observation(tmp_path, mo
     with torch.inference_mode():
         expected = captured["critic"](torch.as_tensor(P.normalize_obs(np.array([[4.0]]), rms, 10.0))).item()
         unnormalized = captured["critic"](torch.tensor([[4.0]])).item()
-    torch.testing.assert_close(captured["next_values"][3], torch.tensor([expected, expected]))
+    np.testing.assert_allclose(captured["next_values"][3], [expected, expected], rtol=1e-6)
     assert abs(expected - unnormalized) > 1e-4
 
 
