@@ -246,10 +246,9 @@ class Agent(nn.Module):
         action = torch.multinomial(log_probs.exp(), 1).squeeze(-1)
         return action, categorical_logprob(log_probs, action)
 
-    def get_action_and_value(self, x, action=None):
+    def get_action_and_value(self, x, action):
+        """The update's forward pass: the stored action with its new log-probability, the entropy and the value."""
         log_probs = self.actor(x).log_softmax(-1)
-        if action is None:
-            action = torch.multinomial(log_probs.exp(), 1).squeeze(-1)
         return action, categorical_logprob(log_probs, action), categorical_entropy(log_probs), self.get_value(x)
 
     def greedy_action(self, x):

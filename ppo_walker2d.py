@@ -340,15 +340,13 @@ class Agent(nn.Module):
         """The rollout's forward pass: a sampled action and its log-probability, without the critic."""
         action_mean = self.actor_mean(x)
         action_logstd = self.actor_logstd.expand_as(action_mean)
-        action = action_mean + action_logstd.exp() * torch.randn_like(action_mean)  # detail 14
+        action = action_mean + action_logstd.exp() * torch.randn_like(action_mean)  # detail 14: a ~ Normal(mean, std)
         return action, gaussian_logprob(action_mean, action_logstd, action)
 
-    def get_action_and_value(self, x, action=None):
+    def get_action_and_value(self, x, action):
+        """The update's forward pass: the stored action with its new log-probability, the entropy and the value."""
         action_mean = self.actor_mean(x)
-        action_logstd = self.actor_logstd.expand_as(action_mean)
-        if action is None:  # detail 14: a ~ Normal(mean, std)
-            action = action_mean + action_logstd.exp() * torch.randn_like(action_mean)
-        logprob = gaussian_logprob(action_mean, action_logstd, action)
+        logprob = gaussian_logprob(action_mean, self.actor_logstd.expand_as(action_mean), action)
         # the entropy does not depend on the state: computed once, broadcast to the batch
         entropy = gaussian_entropy(self.actor_logstd).expand(action_mean.shape[0])
         return action, logprob, entropy, self.get_value(x)

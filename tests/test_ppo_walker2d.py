@@ -37,17 +37,15 @@ def test_agent_scores_its_own_samples_with_the_normal_density():
     torch.manual_seed(0)
     agent = P.Agent(17, 6, init_log_std=-0.5)
     x = torch.randn(32, 17)
-    action, logprob, entropy, value = agent.get_action_and_value(x)
     normal = torch.distributions.Normal(agent.actor_mean(x), agent.actor_logstd.exp().expand(32, 6))
+    # the rollout's actor-only path samples an action and scores it with the Normal density
+    action, logprob = agent.get_action(x)
     torch.testing.assert_close(logprob, normal.log_prob(action).sum(-1))
+    # the update's path scores the stored action the same way, with the entropy and the value
+    _, new_logprob, entropy, value = agent.get_action_and_value(x, action)
+    torch.testing.assert_close(new_logprob, logprob)
     torch.testing.assert_close(entropy, normal.entropy().sum(-1))
     assert value.shape == (32,)
-    # the same action scored again (the update's path) gives the same log-probability
-    torch.testing.assert_close(agent.get_action_and_value(x, action)[1], logprob)
-    # the rollout's actor-only path samples from the same Normal and scores its sample the same way
-    rollout_action, rollout_logprob = agent.get_action(x)
-    torch.testing.assert_close(rollout_logprob, normal.log_prob(rollout_action).sum(-1))
-    torch.testing.assert_close(agent.get_action_and_value(x, rollout_action)[1], rollout_logprob)
     many = agent.get_action(x[:1].expand(20_000, 17))[0]
     torch.testing.assert_close(many.mean(0), agent.actor_mean(x[:1])[0], atol=0.03, rtol=0)
     torch.testing.assert_close(many.std(0), agent.actor_logstd.exp()[0], atol=0.03, rtol=0)
