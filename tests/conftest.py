@@ -86,3 +86,44 @@ def seeded_runs(tmp_path):
         assert a["episodic_returns"] != c["episodic_returns"]
 
     return check
+
+
+@pytest.fixture
+def cartpole_run_logs():
+    """Check the TensorBoard log of a short CartPole run (2 evaluation episodes): the `present` scalar tags
+    are there and the `absent` ones are not, the logged episodic returns are the ones the run returned
+    (and equal the episode lengths, as every CartPole step pays 1), the learning rate decayed, and the
+    hyperparameters were written. Returns the loaded events for the script's own checks."""
+
+    def check(short_run, present, absent=()):
+        acc = _read_events(short_run["run_dir"])
+        tags = acc.Tags()
+        for tag in present:
+            assert tag in tags["scalars"], tag
+        for tag in absent:
+            assert tag not in tags["scalars"], tag
+        logged = [e.value for e in acc.Scalars("charts/episodic_return")]
+        assert len(logged) >= 1
+        assert logged == pytest.approx(short_run["episodic_returns"])
+        assert logged == pytest.approx([e.value for e in acc.Scalars("charts/episodic_length")])
+        assert len(acc.Scalars("eval/episodic_return")) == 2
+        assert any(tag.startswith("hyperparameters") for tag in tags["tensors"])
+        assert acc.Scalars("charts/learning_rate")[-1].value < acc.Scalars("charts/learning_rate")[0].value
+        return acc
+
+    return check
+
+
+@pytest.fixture
+def fails_fast(tmp_path):
+    """`module.main(small_args(...))` with bad input stops with a one-line message naming `flag`, before any
+    run directory exists (so before any training)."""
+
+    def check(module, small_args, kw, flag):
+        runs_dir = tmp_path / "runs"
+        with pytest.raises(SystemExit, match=flag) as excinfo:
+            module.main(small_args(runs_dir, **kw))
+        assert "\n" not in str(excinfo.value)
+        assert not runs_dir.exists()
+
+    return check
