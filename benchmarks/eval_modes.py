@@ -1,0 +1,105 @@
+"""Evaluate the saved Walker2d agents of a benchmark two ways: with the mean action and with sampled actions.
+
+Usage (from the repository root, after `benchmarks/benchmark.py ... --name walker2d`):
+    python benchmarks/eval_modes.py --name walker2d
+
+`ppo_walker2d.py --eval-episodes` scores the mean action, which drops the exploration noise that every
+training episode carries, so it is expected to score above the training return. Sampling the actions
+the way the rollout does gives the like-for-like check that the saved weights and normalization
+statistics reproduce the agent that was trained. Both modes play the same episode seeds, with the
+statistics frozen. Writes benchmarks/results/NAME_eval_modes.md.
+"""
+
+import glob
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+
+import gymnasium as gym
+import numpy as np
+import torch
+import tyro
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+import ppo_walker2d  # noqa: E402
+
+
+@dataclass
+class Args:
+    name: str = "walker2d"
+    """the benchmark name: reads benchmarks/runs/NAME/ppo_walker2d/seed*/ and benchmarks/results/NAME.json"""
+    seeds: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])
+    """the seeds whose saved agents to evaluate"""
+    episodes: int = 20
+    """evaluation episodes per agent and mode"""
+
+
+def play(agent, obs_rms, obs_clip, env_id, episodes, seed, sample):
+    torch.manual_seed(seed)
+    env = gym.make(env_id)
+    low, high = env.action_space.low, env.action_space.high
+    totals = []
+    for episode in range(episodes):
+        obs, _ = env.reset(seed=seed + episode)
+        done, total = False, 0.0
+        while not done:
+            with torch.inference_mode():
+                x = torch.as_tensor(ppo_walker2d.normalize_obs(obs, obs_rms, obs_clip))[None]
+                action = agent.get_action(x)[0] if sample else agent.mean_action(x)
+            obs, reward, terminated, truncated, _ = env.step(np.clip(action[0].numpy(), low, high))
+            total += float(reward)
+            done = terminated or truncated
+        totals.append(total)
+    env.close()
+    return float(np.mean(totals))
+
+
+def main(args: Args) -> None:
+    torch.set_num_threads(1)
+    results_json = os.path.join(ROOT, "benchmarks", "results", f"{args.name}.json")
+    if not os.path.exists(results_json):
+        raise SystemExit(f"error: {results_json} not found; run benchmarks/benchmark.py --name {args.name} first")
+    runs = json.load(open(results_json))["results"]["ppo_walker2d.py"]
+    train = {r["seed"]: r["train_return"] for r in runs}
+    rows = []
+    for seed in args.seeds:
+        paths = glob.glob(os.path.join(ROOT, "benchmarks", "runs", args.name, "ppo_walker2d", f"seed{seed}", "*", "agent.pt"))
+        if not paths or seed not in train:
+            raise SystemExit(f"error: no saved agent or training return for seed {seed} of --name {args.name}")
+        agent, obs_rms, checkpoint = ppo_walker2d.load_agent(paths[0], "cpu")
+        env_seed = 200_000 + seed * 1000  # episodes unseen in training and in the benchmark's own evaluation
+        mean_return = play(agent, obs_rms, checkpoint["obs_clip"], checkpoint["env_id"], args.episodes, env_seed, False)
+        sampled_return = play(agent, obs_rms, checkpoint["obs_clip"], checkpoint["env_id"], args.episodes, env_seed, True)
+        std = float(agent.actor_logstd.exp().mean())
+        rows.append((seed, train[seed], sampled_return, mean_return, std))
+        print(f"seed {seed}: training {train[seed]:.1f}, sampled {sampled_return:.1f}, mean action {mean_return:.1f}", flush=True)
+
+    def rel(x, t):
+        return f"{100 * (x / t - 1):+.1f}%"
+
+    lines = [
+        f"# {args.name}: evaluation modes of the saved agents",
+        "",
+        f"Command: `python benchmarks/eval_modes.py --name {args.name}`",
+        "",
+        f"{args.episodes} episodes per agent and mode, the same episode seeds for both modes, normalization "
+        "statistics frozen. Training return: mean of the last 100 training episodes (from the benchmark). "
+        "Policy std: the saved agent's exp(log-std), averaged over the action dimensions.",
+        "",
+        "| seed | training return | sampled actions | vs training | mean action | vs training | policy std |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for seed, t, s, m, std in rows:
+        lines.append(f"| {seed} | {t:.1f} | {s:.1f} | {rel(s, t)} | {m:.1f} | {rel(m, t)} | {std:.3f} |")
+    t, s, m = (np.mean([r[i] for r in rows]) for i in (1, 2, 3))
+    lines.append(f"| mean | {t:.1f} | {s:.1f} | {rel(s, t)} | {m:.1f} | {rel(m, t)} | {np.mean([r[4] for r in rows]):.3f} |")
+    lines.append("")
+    with open(os.path.join(ROOT, "benchmarks", "results", f"{args.name}_eval_modes.md"), "w") as f:
+        f.write("\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))
