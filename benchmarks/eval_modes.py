@@ -1,7 +1,8 @@
-"""Evaluate the saved Walker2d agents of a benchmark two ways: with the mean action and with sampled actions.
+"""Evaluate the saved agents of a `ppo_walker2d.py` benchmark two ways: with the mean action and with sampled actions.
 
-Usage (from the repository root, after `benchmarks/benchmark.py ... --name walker2d`):
+Usage (from the repository root, after `benchmarks/benchmark.py --scripts ppo_walker2d.py ... --name walker2d`):
     python benchmarks/eval_modes.py --name walker2d
+    python benchmarks/eval_modes.py --name hopper --seeds 1 2 3   (a run with --extra-args="--env-id Hopper-v5")
 
 `ppo_walker2d.py --eval-episodes` scores the mean action, which drops the exploration noise that every
 training episode carries, so it is expected to score above the training return. Sampling the actions
@@ -13,6 +14,7 @@ statistics frozen. Writes benchmarks/results/NAME_eval_modes.md.
 import glob
 import json
 import os
+import shlex
 import sys
 from dataclasses import dataclass, field
 
@@ -82,7 +84,7 @@ def main(args: Args) -> None:
     lines = [
         f"# {args.name}: evaluation modes of the saved agents",
         "",
-        f"Command: `python benchmarks/eval_modes.py --name {args.name}`",
+        "Command: `python benchmarks/eval_modes.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]) + "`",
         "",
         f"{args.episodes} episodes per agent and mode, the same episode seeds for both modes, normalization "
         "statistics frozen. Training return: mean of the last 100 training episodes (from the benchmark). "
