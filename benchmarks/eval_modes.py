@@ -63,7 +63,10 @@ def main(args: Args) -> None:
     results_json = os.path.join(ROOT, "benchmarks", "results", f"{args.name}.json")
     if not os.path.exists(results_json):
         raise SystemExit(f"error: {results_json} not found; run benchmarks/benchmark.py --name {args.name} first")
-    runs = json.load(open(results_json))["results"]["ppo_walker2d.py"]
+    results = json.load(open(results_json))["results"]
+    if "ppo_walker2d.py" not in results:
+        raise SystemExit(f"error: --name {args.name} is not a benchmark of ppo_walker2d.py (it ran {', '.join(results)})")
+    runs = results["ppo_walker2d.py"]
     train = {r["seed"]: r["train_return"] for r in runs}
     rows = []
     for seed in args.seeds:
