@@ -433,8 +433,8 @@ def video_dir_or_none(capture_video: bool, env_id: str, run_dir: str) -> str | N
     return os.path.join(run_dir, "videos")
 
 
-def evaluate(agent, obs_rms, obs_clip, env_id, episodes, seed, device, video_dir=None):
-    """Returns of `episodes` episodes of the mean action on fresh, separately seeded envs.
+def evaluate(agent, obs_rms, obs_clip, env_id, episodes, seed, device, video_dir=None, sample=False):
+    """Returns of `episodes` episodes of the mean action (`sample`: of sampled actions) on fresh, seeded envs.
 
     The normalization statistics are frozen (read, never updated), as they were saved (detail 26).
     """
@@ -449,7 +449,7 @@ def evaluate(agent, obs_rms, obs_clip, env_id, episodes, seed, device, video_dir
         while not done:
             with torch.inference_mode():
                 x = torch.as_tensor(normalize_obs(obs, obs_rms, obs_clip), device=device)
-                action = agent.mean_action(x).cpu().numpy()
+                action = (agent.get_action(x[None])[0][0] if sample else agent.mean_action(x)).cpu().numpy()
             obs, reward, terminated, truncated, _ = env.step(np.clip(action, low, high))
             total += float(reward)
             done = terminated or truncated

@@ -18,7 +18,6 @@ import shlex
 import sys
 from dataclasses import dataclass, field
 
-import gymnasium as gym
 import numpy as np
 import torch
 import tyro
@@ -39,23 +38,8 @@ class Args:
 
 
 def play(agent, obs_rms, obs_clip, env_id, episodes, seed, sample):
-    torch.manual_seed(seed)
-    env = gym.make(env_id)
-    low, high = env.action_space.low, env.action_space.high
-    totals = []
-    for episode in range(episodes):
-        obs, _ = env.reset(seed=seed + episode)
-        done, total = False, 0.0
-        while not done:
-            with torch.inference_mode():
-                x = torch.as_tensor(ppo_walker2d.normalize_obs(obs, obs_rms, obs_clip))[None]
-                action = agent.get_action(x)[0] if sample else agent.mean_action(x)
-            obs, reward, terminated, truncated, _ = env.step(np.clip(action[0].numpy(), low, high))
-            total += float(reward)
-            done = terminated or truncated
-        totals.append(total)
-    env.close()
-    return float(np.mean(totals))
+    torch.manual_seed(seed)  # the same action noise on every call
+    return float(np.mean(ppo_walker2d.evaluate(agent, obs_rms, obs_clip, env_id, episodes, seed, "cpu", sample=sample)))
 
 
 def main(args: Args) -> None:

@@ -95,6 +95,20 @@ def test_saved_then_loaded_agent_acts_the_same(tmp_path):
     assert not np.allclose(act(loaded, P.RunningMeanStd(17)), act(agent, obs_rms), atol=1e-3)
 
 
+def test_evaluate_samples_only_when_asked():
+    torch.manual_seed(0)
+    agent, obs_rms = P.Agent(17, 6, init_log_std=-30.0), P.RunningMeanStd(17)
+    obs_rms.update(np.random.default_rng(0).normal(size=(100, 17)))
+    mean_returns = P.evaluate(agent, obs_rms, 10.0, "Walker2d-v5", 2, 7, "cpu")
+    # a std of e^-30 makes every sample the mean action, so both modes play the same episodes
+    np.testing.assert_allclose(P.evaluate(agent, obs_rms, 10.0, "Walker2d-v5", 2, 7, "cpu", sample=True), mean_returns)
+    with torch.no_grad():
+        agent.actor_logstd.fill_(0.0)  # std 1: sampled actions, and so the returns, differ from the mean's
+    noisy = P.evaluate(agent, obs_rms, 10.0, "Walker2d-v5", 2, 7, "cpu", sample=True)
+    assert not np.allclose(noisy, mean_returns)
+    assert P.evaluate(agent, obs_rms, 10.0, "Walker2d-v5", 2, 7, "cpu") == mean_returns  # the default ignores the std
+
+
 def test_final_observations_replaces_autoreset_observations():
     next_obs = np.zeros((3, 2))
     infos = {"final_obs": np.array([None, np.array([7.0, 8.0]), None], dtype=object),
