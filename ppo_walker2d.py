@@ -83,7 +83,7 @@ initial log-std -0.5):
   and one batched forward serves 8 env steps, which makes the rollout cheaper per step.
 - `num_minibatches` 16 (minibatches of 128): a gradient step of this small MLP costs about the same
   for 64 or 128 samples on a CPU (per-operation overhead dominates), so half as many steps halve the
-  update time; over 5 seeds, minibatches of 64 also scored lower on Walker2d (see the README).
+  update time; over 5 seeds, minibatches of 64 scored no better on Walker2d (see the README).
 - `vf_coef` 0.25 and no value clipping: value clipping does not help (Andrychowicz et al. 2021, "What
   Matters in On-Policy Reinforcement Learning?") and slows the critic when value scales change.
 - `init_log_std` -0.5 (std 0.61 instead of 1): less random flailing early on, the walker learns to
