@@ -7,7 +7,7 @@ Times the three parts of the rollout loop of `ppo_walker2d.py` with its own func
 initialized agent: the policy's forward pass (sampling and log-probability), `envs.step` on the vector env
 of `num_envs` Walker2d envs, and the per-step numpy work after it (reward scaling, observation statistics
 and normalization). Then, for scale, the same number of env steps on plain `gym.make` envs with random
-actions, and bare `mujoco.mj_step` (4 physics steps per env step, as Walker2d-v5 does). An untrained walker
+actions, and bare `mujoco.mj_step` (the env's `frame_skip` physics steps per env step). An untrained walker
 falls often, so the env resets more than in a trained run; treat the numbers as a profile, not a run's speed.
 """
 
@@ -43,11 +43,12 @@ def main(args: Args) -> None:
     envs = P.make_vector_env("Walker2d-v5", n)
     obs_dim, act_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
     agent = P.Agent(obs_dim, act_dim, P.Args.init_log_std)
-    obs_rms, reward_scaler = P.RunningMeanStd(obs_dim), P.RewardScaler(n, 0.99, 10.0)
+    defaults = P.Args()  # the script's gamma and clipping, so the numpy work is the same as in a run
+    obs_rms, reward_scaler = P.RunningMeanStd(obs_dim), P.RewardScaler(n, defaults.gamma, defaults.reward_clip)
     low, high = envs.single_action_space.low, envs.single_action_space.high
     obs_raw, _ = envs.reset(seed=args.seed)
     obs_rms.update(obs_raw)
-    obs = P.normalize_obs(obs_raw, obs_rms, 10.0)
+    obs = P.normalize_obs(obs_raw, obs_rms, defaults.obs_clip)
     policy = env = post = 0.0
     for _ in range(steps):
         t0 = time.perf_counter()
@@ -59,9 +60,10 @@ def main(args: Args) -> None:
         t2 = time.perf_counter()
         reward_scaler(reward, np.logical_or(terminated, truncated))
         obs_rms.update(obs_raw)
-        obs = P.normalize_obs(obs_raw, obs_rms, 10.0)
+        obs = P.normalize_obs(obs_raw, obs_rms, defaults.obs_clip)
+        policy += t1 - t0
+        env += t2 - t1
         post += time.perf_counter() - t2
-        policy, env = policy + t1 - t0, env + t2 - t1
     envs.close()
     total = policy + env + post
     print(f"rollout loop, per vector step of {n} envs: policy {policy / steps * 1e6:.0f} us ({policy / total:.0%}), "
@@ -81,11 +83,14 @@ def main(args: Args) -> None:
                 e.reset()
     print(f"plain gym.make envs, random actions: {n * steps / (time.perf_counter() - t0):.0f} env steps/s")
 
-    model, data = plain[0].unwrapped.model, plain[0].unwrapped.data
+    mujoco_env = plain[0].unwrapped
     t0 = time.perf_counter()
     for _ in range(n * steps):
-        mujoco.mj_step(model, data, nstep=4)
-    print(f"bare mujoco.mj_step (4 physics steps per env step): {n * steps / (time.perf_counter() - t0):.0f} env steps/s")
+        mujoco.mj_step(mujoco_env.model, mujoco_env.data, nstep=mujoco_env.frame_skip)
+    print(f"bare mujoco.mj_step ({mujoco_env.frame_skip} physics steps per env step): "
+          f"{n * steps / (time.perf_counter() - t0):.0f} env steps/s")
+    for e in plain:
+        e.close()
 
 
 if __name__ == "__main__":
