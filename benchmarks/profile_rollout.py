@@ -42,8 +42,8 @@ def main(args: Args) -> None:
     n, steps = args.num_envs, args.vector_steps
     envs = P.make_vector_env("Walker2d-v5", n)
     obs_dim, act_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
-    agent = P.Agent(obs_dim, act_dim, P.Args.init_log_std)
-    defaults = P.Args()  # the script's gamma and clipping, so the numpy work is the same as in a run
+    defaults = P.Args()  # the script's init, gamma and clipping, so the work is the same as in a run
+    agent = P.Agent(obs_dim, act_dim, defaults.init_log_std)
     obs_rms, reward_scaler = P.RunningMeanStd(obs_dim), P.RewardScaler(n, defaults.gamma, defaults.reward_clip)
     low, high = envs.single_action_space.low, envs.single_action_space.high
     obs_raw, _ = envs.reset(seed=args.seed)

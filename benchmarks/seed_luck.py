@@ -11,6 +11,7 @@ A bar judged on k seeds that only some k-subsets pass is a statement about the s
 
 import itertools
 import json
+import math
 import os
 from dataclasses import dataclass
 
@@ -30,6 +31,8 @@ class Args:
     """how many seeds the bar is judged on"""
     resamples: int = 20_000
     """bootstrap resamples for the interval of the mean"""
+    max_subsets: int = 1_000_000
+    """enumerate every k-subset up to this many; beyond it, draw this many at random"""
 
 
 def main(args: Args) -> None:
@@ -39,12 +42,18 @@ def main(args: Args) -> None:
         returns = np.array([run["train_return"] for run in runs])
         if not 0 < args.k <= len(returns):
             raise SystemExit(f"error: --k {args.k} must be between 1 and the {len(returns)} runs of {script}")
-        means = np.array([np.mean(c) for c in itertools.combinations(returns, args.k)])
         rng = np.random.default_rng(0)
+        if math.comb(len(returns), args.k) <= args.max_subsets:
+            means = np.array([np.mean(c) for c in itertools.combinations(returns, args.k)])
+            subsets = f"of the {len(means)} ways to pick {args.k} runs"
+        else:  # too many to list (e.g. 15 of 30): a random sample of them, without repeats inside a subset
+            picks = np.argsort(rng.random((args.max_subsets, len(returns))), axis=1)[:, : args.k]
+            means = returns[picks].mean(axis=1)
+            subsets = f"of {len(means)} random picks of {args.k} runs"
         boot = returns[rng.integers(0, len(returns), (args.resamples, len(returns)))].mean(axis=1)
         low, high = np.percentile(boot, [2.5, 97.5])
         print(f"{script}: {len(returns)} runs, mean {returns.mean():.2f}, median {np.median(returns):.2f}; "
-              f"{np.mean(means >= args.bar):.1%} of the {len(means)} ways to pick {args.k} runs reach {args.bar:g} "
+              f"{np.mean(means >= args.bar):.1%} {subsets} reach {args.bar:g} "
               f"({args.k}-run means {means.min():.0f} to {means.max():.0f}); "
               f"bootstrap 95% interval of the mean {low:.0f} to {high:.0f}")
 
