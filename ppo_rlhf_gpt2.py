@@ -569,7 +569,7 @@ def main(args: Args) -> dict:
     torch.backends.cudnn.deterministic = args.torch_deterministic
     torch.set_num_threads(args.num_threads)
     if args.cuda and not torch.cuda.is_available():
-        print("CUDA is not available: running on the CPU")
+        print("--cuda: no GPU available, running on the CPU")
     device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
 
     prompts = load_prompts(args.prompts_file)

@@ -1,0 +1,65 @@
+"""The `--cuda` path of every script, run on a GPU. CI has none, so there these tests are skipped; on a machine
+with a CUDA GPU, `python -m pytest tests/test_cuda.py` runs them (the README says when they last ran)."""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import a2c
+import ppo_cartpole
+import ppo_rlhf_gpt2 as rlhf
+import ppo_walker2d
+import reinforce
+from test_ppo_rlhf_gpt2 import tiny, tiny_args  # noqa: F401  (tiny is a fixture: the tiny GPT-2 models)
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+SHORT_RUNS = {
+    ppo_cartpole: dict(total_timesteps=3000),
+    reinforce: dict(total_timesteps=3000),
+    a2c: dict(total_timesteps=3000),
+    ppo_walker2d: dict(total_timesteps=4096, num_envs=4, num_steps=256, num_minibatches=16, update_epochs=2),
+}
+
+
+def on_the_gpu(run):
+    """`run()`, checking that it put tensors on the GPU (and so did not fall back to the CPU)."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    result = run()
+    assert torch.cuda.max_memory_allocated() > 0
+    return result
+
+
+@pytest.mark.parametrize("module", SHORT_RUNS, ids=lambda m: m.__name__)
+def test_trains_on_the_gpu_and_its_checkpoint_evaluates_the_same_on_either_device(module, tmp_path):
+    args = module.Args(runs_dir=str(tmp_path), eval_episodes=3, save_model=True, cuda=True, **SHORT_RUNS[module])
+    result = on_the_gpu(lambda: module.main(args))
+    assert len(result["episodic_returns"]) > 0 and len(result["eval_returns"]) == 3
+    checkpoint = os.path.join(result["run_dir"], "agent.pt")
+    for cuda in (True, False):  # a GPU-trained agent must load and act the same on a CPU-only machine
+        evaluated = module.main(module.Args(eval_checkpoint=checkpoint, eval_episodes=3, cuda=cuda))
+        np.testing.assert_allclose(evaluated["eval_returns"], result["eval_returns"], rtol=1e-3)
+
+
+@pytest.mark.parametrize("module", SHORT_RUNS, ids=lambda m: m.__name__)
+def test_a_seed_gives_the_same_run_twice_on_the_gpu(module, tmp_path):
+    a, b = (module.main(module.Args(runs_dir=str(tmp_path / name), eval_episodes=0, cuda=True, **SHORT_RUNS[module]))
+            for name in ("a", "b"))
+    assert a["episodic_returns"] == b["episodic_returns"]
+
+
+@pytest.mark.parametrize("reward", ["model", "vader"])
+def test_rlhf_trains_on_the_gpu_and_its_saved_policy_loads_on_the_cpu(tiny, tmp_path, reward):  # noqa: F811
+    overrides = dict(reward_model="vader") if reward == "vader" else {}
+    result = on_the_gpu(lambda: rlhf.main(tiny_args(tiny, tmp_path, cuda=True, save_model=True, **overrides)))
+    for tag in ("objective/scores", "objective/kl", "losses/policy_loss", "losses/value_loss"):
+        assert np.isfinite(result[tag]), tag
+    saved = AutoModelForCausalLM.from_pretrained(os.path.join(result["run_dir"], "model"))
+    initial = AutoModelForCausalLM.from_pretrained(tiny["policy"])
+    assert next(saved.parameters()).device.type == "cpu"
+    changed = [not torch.equal(p, q) for p, q in zip(saved.parameters(), initial.parameters())]
+    assert any(changed)  # the saved policy is the trained one
