@@ -126,7 +126,8 @@ class Args:
     eval_checkpoint: str | None = None
     """path to a saved agent.pt: evaluate it for --eval-episodes episodes and exit, no training"""
     capture_video: bool = False
-    """record videos of the evaluation episodes to <run_dir>/videos (needs moviepy and EGL or OSMesa)"""
+    """record the evaluation episodes to <run_dir>/videos (with --eval-checkpoint: to a new folder beside the
+    checkpoint); needs moviepy and EGL or OSMesa"""
 
     # environment
     env_id: str = "Walker2d-v5"
@@ -421,8 +422,8 @@ def video_problem(env_id: str) -> str | None:
     return None
 
 
-def video_dir_or_none(capture_video: bool, env_id: str, run_dir: str) -> str | None:
-    """Where to record evaluation videos, or None (with a message saying what is missing)."""
+def video_dir_or_none(capture_video: bool, env_id: str, video_dir: str) -> str | None:
+    """`video_dir` if evaluation videos can be recorded, else None (with a message saying what is missing)."""
     if not capture_video:
         return None
     os.environ.setdefault("MUJOCO_GL", "egl")  # headless MuJoCo rendering; read when a renderer is made
@@ -430,7 +431,7 @@ def video_dir_or_none(capture_video: bool, env_id: str, run_dir: str) -> str | N
     if problem is not None:
         print(f"--capture-video: recording no video: {problem}")
         return None
-    return os.path.join(run_dir, "videos")
+    return video_dir
 
 
 def evaluate(agent, obs_rms, obs_clip, env_id, episodes, seed, device, video_dir=None, sample=False):
@@ -498,7 +499,9 @@ def main(args: Args) -> dict:
 
     if args.eval_checkpoint is not None:
         agent, obs_rms, checkpoint = load_agent(args.eval_checkpoint, device)
-        video_dir = video_dir_or_none(args.capture_video, checkpoint["env_id"], os.path.dirname(args.eval_checkpoint))
+        # beside the checkpoint, in a new folder: the videos of the training run's own evaluation stay
+        video_dir = video_dir_or_none(args.capture_video, checkpoint["env_id"], os.path.join(
+            os.path.dirname(args.eval_checkpoint), f"videos_eval_checkpoint_{int(time.time())}"))
         eval_returns = evaluate(agent, obs_rms, checkpoint["obs_clip"], checkpoint["env_id"], args.eval_episodes,
                                 args.seed + 100_000, device, video_dir)
         print(f"eval of {args.eval_checkpoint}: {np.mean(eval_returns):.2f} +- {np.std(eval_returns):.2f} "
@@ -513,7 +516,7 @@ def main(args: Args) -> dict:
         "|param|value|\n|-|-|\n" + "\n".join(f"|{key}|{value}|" for key, value in vars(args).items()),
     )
 
-    video_dir = video_dir_or_none(args.capture_video, args.env_id, run_dir)  # checked now, not after training
+    video_dir = video_dir_or_none(args.capture_video, args.env_id, os.path.join(run_dir, "videos"))  # checked now
     envs = make_vector_env(args.env_id, args.num_envs)
     obs_dim = envs.single_observation_space.shape[0]
     act_dim = envs.single_action_space.shape[0]

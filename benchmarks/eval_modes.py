@@ -61,7 +61,7 @@ def main(args: Args) -> None:
         env_seed = 200_000 + seed * 1000  # episodes unseen in training and in the benchmark's own evaluation
         mean_return = play(agent, obs_rms, checkpoint["obs_clip"], checkpoint["env_id"], args.episodes, env_seed, False)
         sampled_return = play(agent, obs_rms, checkpoint["obs_clip"], checkpoint["env_id"], args.episodes, env_seed, True)
-        std = float(agent.actor_logstd.exp().mean())
+        std = float(agent.actor_logstd.detach().exp().mean())
         rows.append((seed, train[seed], sampled_return, mean_return, std))
         print(f"seed {seed}: training {train[seed]:.1f}, sampled {sampled_return:.1f}, mean action {mean_return:.1f}", flush=True)
 

@@ -220,6 +220,27 @@ def test_short_run_logs_the_tags_and_its_checkpoint_evaluates_the_same(tmp_path)
     np.testing.assert_allclose(evaluated["eval_returns"], result["eval_returns"], rtol=1e-6)
 
 
+def test_capture_video_records_the_evaluation_or_says_what_to_install(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("MUJOCO_GL", raising=False)  # the script picks egl itself; restored after the test
+    args = P.Args(total_timesteps=512, num_envs=2, num_steps=256, num_minibatches=4, update_epochs=1,
+                  eval_episodes=1, capture_video=True, save_model=True, runs_dir=str(tmp_path), cuda=False)
+    result = P.main(args)
+    out = capsys.readouterr().out
+    assert len(result["eval_returns"]) == 1  # training and evaluation went on either way
+    videos = glob.glob(os.path.join(result["run_dir"], "videos", "*.mp4"))
+    problem = P.video_problem(args.env_id)
+    if problem is not None:  # as in CI, where moviepy is not installed
+        assert f"--capture-video: recording no video: {problem}" in out
+        assert "install" in problem
+        assert videos == []
+        return
+    assert "recording no video" not in out and len(videos) == 1 and os.path.getsize(videos[0]) > 1000
+    P.main(P.Args(eval_checkpoint=os.path.join(result["run_dir"], "agent.pt"), eval_episodes=1, capture_video=True,
+                  cuda=False))
+    assert glob.glob(os.path.join(result["run_dir"], "videos", "*.mp4")) == videos  # kept, not overwritten
+    assert len(glob.glob(os.path.join(result["run_dir"], "videos_eval_checkpoint_*", "*.mp4"))) == 1
+
+
 def test_discrete_env_fails_fast():
     with pytest.raises(SystemExit, match="--env-id CartPole-v1 .* Box"):
         P.check_args(P.Args(env_id="CartPole-v1"))
