@@ -1,13 +1,15 @@
-"""Cost of one PPO-RLHF iteration of ppo_rlhf_gpt2.py at GPT-2-small size, offline, on one CPU core.
+"""Cost of one PPO-RLHF iteration of ppo_rlhf_gpt2.py at GPT-2-small size, offline, on one CPU core (or a GPU).
 
 Builds locally (no model hub) a randomly initialised GPT-2-small-sized policy (default GPT2Config, 124M
 parameters), a reward model of the same size (GPT2ForSequenceClassification), and a byte-level BPE
 tokenizer with GPT-2's vocabulary size (50257); then runs ppo_rlhf_gpt2.py on them in a subprocess with one
 thread, batch 16 x 24 new tokens, and reports the seconds of each iteration split into generation, scoring
 (reference, value, reward) and update, read back from the run's TensorBoard events, and the subprocess's
-peak resident memory.
+peak resident memory. With --cuda the run trains on the GPU (torch still on one CPU thread), and the
+report adds the GPU's name and the most GPU memory in use while it ran (nvidia-smi, sampled every 0.5 s).
 
 Usage: python benchmarks/rlhf_cost.py [--iterations 2] [--out benchmarks/results/rlhf_cost.md]
+       python benchmarks/rlhf_cost.py --cuda --batch-size 64 --num-minibatches 4 --out /tmp/rlhf_cost_gpu.md
 """
 
 import argparse
@@ -91,7 +93,9 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--response-length", type=int, default=24)
+    parser.add_argument("--num-minibatches", type=int, default=1)
     parser.add_argument("--gradient-accumulation-steps", type=int, default=1)
+    parser.add_argument("--cuda", action="store_true", help="train on the GPU (default: the CPU)")
     parser.add_argument("--malloc-mmap-threshold", type=int, default=None,
                         help="set glibc's MALLOC_MMAP_THRESHOLD_ for the training process (default: glibc's own)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "rlhf_cost.md"))
@@ -104,7 +108,8 @@ def main() -> None:
         command = [
             sys.executable, str(ROOT / "ppo_rlhf_gpt2.py"), "--model-name", str(tmp / "policy"),
             "--reward-model", str(tmp / "reward"), "--runs-dir", str(tmp / "runs"), "--num-threads", "1",
-            "--batch-size", str(cli.batch_size), "--num-minibatches", "1",
+            "--batch-size", str(cli.batch_size), "--num-minibatches", str(cli.num_minibatches),
+            "--cuda" if cli.cuda else "--no-cuda",
             "--gradient-accumulation-steps", str(cli.gradient_accumulation_steps),
             "--response-length", str(cli.response_length),
             "--total-episodes", str(cli.batch_size * cli.iterations), "--no-normalize-scores",
@@ -116,13 +121,20 @@ def main() -> None:
         start = time.time()
         process = subprocess.Popen(command, env=env)
         samples = []  # (wall time, CPU seconds of the training process)
+        gpu_used_mib = [0]  # the GPU memory in use (all processes), as sampled
 
         def sample():
+            last_gpu_sample = 0.0
             while process.poll() is None:
                 try:
                     samples.append((time.time(), cpu_seconds(process.pid)))
                 except (OSError, IndexError, ValueError):
                     pass
+                if cli.cuda and time.time() - last_gpu_sample > 0.5:
+                    last_gpu_sample = time.time()
+                    gpu_used_mib.append(int(subprocess.run(
+                        ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
+                        capture_output=True, text=True).stdout.split()[0]))
                 time.sleep(0.1)
 
         sampler = threading.Thread(target=sample)
@@ -146,6 +158,12 @@ def main() -> None:
     def cpu_at(t: float) -> float:
         return next((c for w, c in samples if w >= t), samples[-1][1])
 
+    if cli.cuda:
+        gpu_name = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", "0"],
+                                  capture_output=True, text=True).stdout.strip()
+        device_line = f"Device: {gpu_name} (--cuda); most GPU memory in use while it ran: {max(gpu_used_mib)} MiB."
+    else:
+        device_line = "Device: the CPU (--no-cuda)."
     rows = []
     for i in range(cli.iterations):
         gen, score, update = (scalars[f"time/{k}"][i] for k in ("generation", "scoring", "update"))
@@ -156,9 +174,9 @@ def main() -> None:
             cpu = cpu_at(iteration_ends[i]) - cpu_at(iteration_ends[i - 1])
             wall_i = iteration_ends[i] - iteration_ends[i - 1]
             share = cpu / wall_i
-            cpu_cells = (f"| {cpu:.1f} | {100 * share:.0f}% | {gen * share:.1f} | {score * share:.1f} | "
-                         f"{update * share:.1f} |")
-        rows.append(f"| {i + 1} | {gen:.1f} | {score:.1f} | {update:.1f} | {total:.1f} {cpu_cells}")
+            cpu_cells = (f"| {cpu:.2f} | {100 * share:.0f}% | {gen * share:.2f} | {score * share:.2f} | "
+                         f"{update * share:.2f} |")
+        rows.append(f"| {i + 1} | {gen:.2f} | {score:.2f} | {update:.2f} | {total:.2f} {cpu_cells}")
     report = "\n".join([
         "# Cost of one PPO-RLHF iteration (ppo_rlhf_gpt2.py)",
         "",
@@ -166,11 +184,13 @@ def main() -> None:
         "",
         f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores visible, torch on 1 thread "
         f"(OMP_NUM_THREADS=1, --num-threads 1); measured {time.strftime('%Y-%m-%d %H:%M')}.",
+        device_line,
         "Models: randomly initialised policy with the default GPT2Config (124M parameters), reference copy, value "
         "model (copy of the backbone + scalar head), reward model GPT2ForSequenceClassification of the same size; "
         "Adam states for policy and value model; fp32.",
-        f"Run: batch {cli.batch_size} x {cli.response_length} new tokens, 4 PPO epochs, 1 minibatch of "
-        f"{cli.batch_size} in {cli.gradient_accumulation_steps} micro-batch(es), score normalization off (it samples "
+        f"Run: batch {cli.batch_size} x {cli.response_length} new tokens, 4 PPO epochs, {cli.num_minibatches} "
+        f"minibatch(es) of {cli.batch_size // cli.num_minibatches}, each in {cli.gradient_accumulation_steps} "
+        "micro-batch(es), score normalization off (it samples "
         "extra batches before training). glibc MALLOC_MMAP_THRESHOLD_: "
         f"{cli.malloc_mmap_threshold if cli.malloc_mmap_threshold is not None else 'default (dynamic)'}.",
         "",
