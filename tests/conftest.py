@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+# Before any test module imports transformers (huggingface_hub reads it at import): never wait on the network.
+os.environ["HF_HUB_OFFLINE"] = "1"
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
