@@ -88,6 +88,12 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def nvidia_smi(field: str) -> str:
+    """One field of GPU 0 as nvidia-smi reports it (`name`, `memory.used` in MiB, ...)."""
+    return subprocess.run(["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader,nounits", "-i", "0"],
+                          capture_output=True, text=True).stdout.strip()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--iterations", type=int, default=2)
@@ -132,9 +138,7 @@ def main() -> None:
                     pass
                 if cli.cuda and time.time() - last_gpu_sample > 0.5:
                     last_gpu_sample = time.time()
-                    gpu_used_mib.append(int(subprocess.run(
-                        ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
-                        capture_output=True, text=True).stdout.split()[0]))
+                    gpu_used_mib.append(int(nvidia_smi("memory.used")))
                 time.sleep(0.1)
 
         sampler = threading.Thread(target=sample)
@@ -159,9 +163,8 @@ def main() -> None:
         return next((c for w, c in samples if w >= t), samples[-1][1])
 
     if cli.cuda:
-        gpu_name = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", "0"],
-                                  capture_output=True, text=True).stdout.strip()
-        device_line = f"Device: {gpu_name} (--cuda); most GPU memory in use while it ran: {max(gpu_used_mib)} MiB."
+        device_line = (f"Device: {nvidia_smi('name')} (--cuda); most GPU memory in use while it ran: "
+                       f"{max(gpu_used_mib)} MiB.")
     else:
         device_line = "Device: the CPU (--no-cuda)."
     rows = []

@@ -2,10 +2,6 @@
 saved with save_pretrained, and loaded by the script's own loading code."""
 
 import math
-import os
-
-os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported: never wait on the network
-
 import time
 from pathlib import Path
 
@@ -94,7 +90,7 @@ def test_unloadable_models_fail_fast_with_a_hint(tiny, tmp_path):
         start = time.time()
         with pytest.raises(SystemExit, match=f"{flag}.*local directory"):
             rlhf.main(tiny_args(tiny, tmp_path, **overrides))
-        assert time.time() - start < 30  # no network retries with HF_HUB_OFFLINE=1
+        assert time.time() - start < 30  # no network retries: conftest.py sets HF_HUB_OFFLINE=1
     with pytest.raises(SystemExit, match="--stop-token"):
         rlhf.main(tiny_args(tiny, tmp_path, stop_token="a multi token stop"))
     with pytest.raises(SystemExit, match="--reward-label"):
