@@ -612,7 +612,7 @@ def main(args: Args) -> dict:
     writer = SummaryWriter(run_dir)
     writer.add_text("hyperparameters", markdown_table([(k, v) for k, v in vars(args).items()], ("param", "value")))
     kl_coef = args.kl_coef
-    stats = {}
+    stats, iteration = {}, 0
     start_time = time.time()
     try:
         for iteration in range(1, args.num_iterations + 1):
@@ -744,15 +744,16 @@ def main(args: Args) -> dict:
 
             if args.kl_target is not None:  # detail 11: adaptive KL coefficient
                 kl_coef = adaptive_kl_coef(kl_coef, mean_kl, args.kl_target, args.kl_horizon, args.batch_size)
+    except KeyboardInterrupt:
+        print(f"interrupted in iteration {iteration}: keeping the logs")
 
-        # 6. save / evaluate
-        if args.save_model:
-            model_path = os.path.join(run_dir, "model")
-            policy.save_pretrained(model_path)
-            tokenizer.save_pretrained(model_path)
-            print(f"policy saved to {model_path}")
-    finally:
-        writer.close()
+    # 6. save / evaluate
+    if args.save_model:
+        model_path = os.path.join(run_dir, "model")
+        policy.save_pretrained(model_path)
+        tokenizer.save_pretrained(model_path)
+        print(f"policy saved to {model_path}")
+    writer.close()
     return {"run_dir": run_dir, **stats}
 
 

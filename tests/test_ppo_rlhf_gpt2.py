@@ -367,6 +367,27 @@ def test_main_first_minibatch_ratio_one_logging_and_save(tiny, tmp_path):
     assert math.isfinite(again["objective/scores"])
 
 
+def test_ctrl_c_keeps_logs_and_saves(tiny, tmp_path, monkeypatch):
+    # a Ctrl-C (KeyboardInterrupt) while the second iteration generates: the run returns normally, its first
+    # iteration is in the closed TensorBoard file, and --save-model still saves the policy as trained so far
+    real_generate, calls = rlhf.generate, 0
+
+    def generate(*a, **kw):
+        nonlocal calls
+        calls += 1
+        if calls == 3:  # 1: the score statistics (norm_batches=1), 2: iteration 1, 3: iteration 2
+            raise KeyboardInterrupt
+        return real_generate(*a, **kw)
+
+    monkeypatch.setattr(rlhf, "generate", generate)
+    stats = rlhf.main(tiny_args(tiny, tmp_path, total_episodes=24, save_model=True))
+    assert calls == 3
+    assert read_scalars(stats["run_dir"])["objective/scores"] == [pytest.approx(stats["objective/scores"])]
+    saved = AutoModelForCausalLM.from_pretrained(Path(stats["run_dir"]) / "model")
+    initial = AutoModelForCausalLM.from_pretrained(tiny["policy"])
+    assert any(not torch.equal(a, b) for a, b in zip(saved.parameters(), initial.parameters()))
+
+
 def test_vader_reward():
     reward_fn = rlhf.load_reward_fn(rlhf.Args(reward_model="vader"), torch.device("cpu"))
     scores = reward_fn(["This movie was wonderful, I loved it.", "This movie was terrible and boring."])
