@@ -1,5 +1,6 @@
 """Tests of ppo_walker2d.py: the Gaussian math, the normalization statistics, the truncation bootstrap,
-a short end-to-end run read back from TensorBoard, checkpoint evaluation and argument checks."""
+action clipping on other Box envs, a short end-to-end run read back from TensorBoard, checkpoint
+evaluation, a short run that must learn, Ctrl-C, video and argument checks."""
 import copy
 import glob
 import math
@@ -230,6 +231,46 @@ def test_learns_to_stay_up_within_20k_steps(tmp_path):
 def test_ctrl_c_keeps_logs_and_saves(tmp_path, interrupted_run):
     interrupted_run(P, P.Args(total_timesteps=8192, num_envs=4, num_steps=256, num_minibatches=4, update_epochs=1,
                               save_model=True, eval_episodes=2, runs_dir=str(tmp_path), cuda=False))
+
+
+@pytest.mark.parametrize("env_id", ["Hopper-v5", "HalfCheetah-v5", "Pendulum-v1"])
+def test_other_box_envs_get_clipped_actions_while_the_update_scores_the_sampled_ones(env_id, tmp_path, monkeypatch):
+    """Detail 18 on other bounds and shapes (Pendulum's actions lie in [-2, 2]): the env receives the sample
+    clipped to its own bounds, the buffer keeps and the update scores the sample itself."""
+    monkeypatch.chdir(tmp_path)  # MuJoCo writes HalfCheetah's deprecation warning to MUJOCO_LOG.TXT here
+    sampled, sent, scored = [], [], []
+    get_action, get_action_and_value, make_vector_env = P.Agent.get_action, P.Agent.get_action_and_value, P.make_vector_env
+
+    def recording_get_action(self, x):
+        action, logprob = get_action(self, x)
+        sampled.append(action.numpy().copy())
+        return action, logprob
+
+    def recording_get_action_and_value(self, x, action):
+        scored.append(action.numpy().copy())
+        return get_action_and_value(self, x, action)
+
+    class RecordingEnvs(gym.vector.VectorWrapper):
+        def step(self, actions):
+            sent.append(np.array(actions))
+            return self.env.step(actions)
+
+    monkeypatch.setattr(P.Agent, "get_action", recording_get_action)
+    monkeypatch.setattr(P.Agent, "get_action_and_value", recording_get_action_and_value)
+    monkeypatch.setattr(P, "make_vector_env", lambda *a: RecordingEnvs(make_vector_env(*a)))
+    # a wide initial std (e^1 = 2.7), so that many samples fall outside even Pendulum's bounds
+    args = P.Args(env_id=env_id, total_timesteps=1024, num_envs=2, num_steps=256, num_minibatches=4, update_epochs=1,
+                  init_log_std=1.0, eval_episodes=1, runs_dir=str(tmp_path), cuda=False)
+    result = P.main(args)
+
+    space = gym.make(env_id).action_space
+    sampled, sent, scored = np.concatenate(sampled), np.concatenate(sent), np.concatenate(scored)
+    assert sampled.shape == (1024, space.shape[0])
+    np.testing.assert_array_equal(sent, np.clip(sampled, space.low, space.high))
+    assert ((sampled < space.low) | (sampled > space.high)).mean() > 0.2
+    # one epoch: the update scores every stored action once, in shuffled order; unclipped, as sampled
+    np.testing.assert_array_equal(np.sort(scored, axis=0), np.sort(sampled, axis=0))
+    assert len(result["eval_returns"]) == 1 and np.isfinite(result["eval_returns"][0])
 
 
 def test_capture_video_records_the_evaluation_or_says_what_to_install(tmp_path, capsys, monkeypatch):
