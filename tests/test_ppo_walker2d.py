@@ -142,6 +142,50 @@ def test_gae_two_steps_hand_computed():
     np.testing.assert_allclose(advantages, [[d0 + gamma * lam * d1], [d1]])
 
 
+def test_policy_and_value_losses_against_a_per_sample_reference():
+    torch.manual_seed(0)
+    clip_coef, n = 0.2, 200
+    logprobs = torch.randn(n, dtype=torch.float64)
+    newlogprob = (logprobs + 0.5 * torch.randn(n, dtype=torch.float64)).requires_grad_()  # ratios ~0.4-2.5
+    advantages = torch.randn(n, dtype=torch.float64)
+    pg_loss, ratio, logratio = P.policy_loss(newlogprob, logprobs, advantages, clip_coef)
+    pg_loss.backward()
+    terms, flat = [], []
+    for new, old, adv in zip(newlogprob.tolist(), logprobs.tolist(), advantages.tolist()):
+        r = math.exp(new - old)
+        clipped_r = min(max(r, 1 - clip_coef), 1 + clip_coef)
+        terms.append(-min(r * adv, clipped_r * adv))  # the pessimistic bound of the surrogate, negated
+        flat.append(clipped_r * adv < r * adv)  # the clipped term wins: no gradient through this sample
+    assert pg_loss.item() == pytest.approx(sum(terms) / n, rel=1e-12)
+    torch.testing.assert_close(ratio, (newlogprob - logprobs).exp())
+    torch.testing.assert_close(logratio, newlogprob - logprobs)
+    assert 20 < sum(flat) < n - 20  # both cases occur
+    for grad, is_flat, r, adv in zip(newlogprob.grad.tolist(), flat, ratio.tolist(), advantages.tolist()):
+        assert grad == (0.0 if is_flat else pytest.approx(-adv * r / n, rel=1e-9))
+
+    newvalue = torch.randn(n, dtype=torch.float64).requires_grad_()
+    values, returns = torch.randn(n, dtype=torch.float64), 3 * torch.randn(n, dtype=torch.float64)
+    unclipped = [(v - R) ** 2 for v, R in zip(newvalue.tolist(), returns.tolist())]
+    clipped = [(old + min(max(v - old, -clip_coef), clip_coef) - R) ** 2
+               for v, old, R in zip(newvalue.tolist(), values.tolist(), returns.tolist())]
+    assert P.value_loss(newvalue, values, returns, clip_coef, clip_vloss=False).item() == pytest.approx(
+        0.5 * sum(unclipped) / n, rel=1e-12)
+    assert P.value_loss(newvalue, values, returns, clip_coef, clip_vloss=True).item() == pytest.approx(
+        0.5 * sum(max(u, c) for u, c in zip(unclipped, clipped)) / n, rel=1e-12)
+
+
+def test_first_minibatch_of_an_update_scores_the_rollout_exactly(tmp_path, read_events):
+    # one epoch of one minibatch: the update's first forward pass sees the agent that acted, so the
+    # stored observations, actions and log-probabilities must give ratio 1 (a mismatch in any of them,
+    # e.g. scoring the clipped action or observations normalized with other statistics, shows here)
+    args = P.Args(total_timesteps=2048, num_envs=4, num_steps=128, num_minibatches=1, update_epochs=1,
+                  eval_episodes=0, runs_dir=str(tmp_path), cuda=False)
+    events = read_events(P.main(args)["run_dir"])
+    for tag, bound in (("losses/approx_kl", 1e-6), ("losses/old_approx_kl", 1e-5), ("losses/clipfrac", 0.0)):
+        values = [event.value for event in events.Scalars(tag)]
+        assert len(values) == 4 and max(abs(v) for v in values) <= bound, (tag, values)
+
+
 class CountingEnv(gym.Env):
     """Observation = steps taken in the episode; never terminates, so only the time limit ends it."""
 
