@@ -283,7 +283,8 @@ def test_other_box_envs_get_clipped_actions_while_the_update_scores_the_sampled_
     clipped to its own bounds, the buffer keeps and the update scores the sample itself."""
     monkeypatch.chdir(tmp_path)  # MuJoCo writes HalfCheetah's deprecation warning to MUJOCO_LOG.TXT here
     sampled, sent, scored = [], [], []
-    get_action, get_action_and_value, make_vector_env = P.Agent.get_action, P.Agent.get_action_and_value, P.make_vector_env
+    get_action, get_action_and_value = P.Agent.get_action, P.Agent.get_action_and_value
+    make_vector_env = P.make_vector_env
 
     def recording_get_action(self, x):
         action, logprob = get_action(self, x)
