@@ -90,7 +90,7 @@ initial log-std -0.5):
   the minibatch size, so 8 minibatches of 256 at 3e-4 move the policy half as far per update as 16 of
   128. Doubling the rate gives that back at the cost of 8 of 256. At 3e-4, HalfCheetah (still improving
   at 1M steps) lost a third of its return (3236 against 4834 for 16 of 128, 6 seeds); at 6e-4 it
-  scores 4715. Walker2d scores the same within noise (3530 against 3369 at 3e-4, the same 20 seeds);
+  scores 4715. Walker2d scores the same within noise (3583 against 3374 at 3e-4, the same 30 seeds);
   Hopper gains nothing (2127 against 2308, 3 seeds, within noise).
 - `vf_coef` 0.25 and no value clipping: value clipping does not help (Andrychowicz et al. 2021, "What
   Matters in On-Policy Reinforcement Learning?") and slows the critic when value scales change.
