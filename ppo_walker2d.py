@@ -91,7 +91,7 @@ initial log-std -0.5):
   128. Doubling the rate gives that back at the cost of 8 of 256. At 3e-4, HalfCheetah (still improving
   at 1M steps) lost a third of its return (3236 against 4834 for 16 of 128, 6 seeds); at 6e-4 it
   scores 4715. Walker2d scores the same within noise (3583 against 3374 at 3e-4, the same 30 seeds);
-  Hopper gains nothing (2127 against 2308, 3 seeds, within noise).
+  Hopper neither gains nor loses (2385 against 2378, 6 seeds).
 - `vf_coef` 0.25 and no value clipping: value clipping does not help (Andrychowicz et al. 2021, "What
   Matters in On-Policy Reinforcement Learning?") and slows the critic when value scales change.
 - `init_log_std` -0.5 (std 0.61 instead of 1): less random flailing early on, the walker learns to
