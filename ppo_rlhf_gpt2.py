@@ -748,12 +748,16 @@ def main(args: Args) -> dict:
         print(f"interrupted in iteration {iteration}: keeping the logs")
 
     # 6. save / evaluate
-    if args.save_model:
-        model_path = os.path.join(run_dir, "model")
-        policy.save_pretrained(model_path)
-        tokenizer.save_pretrained(model_path)
-        print(f"policy saved to {model_path}")
-    writer.close()
+    try:
+        if args.save_model:
+            model_path = os.path.join(run_dir, "model")
+            policy.save_pretrained(model_path)
+            tokenizer.save_pretrained(model_path)
+            print(f"policy saved to {model_path}")
+    except KeyboardInterrupt:  # saving GPT-2 takes seconds
+        print("interrupted while saving: keeping the logs; the model folder may be incomplete")
+    finally:
+        writer.close()
     return {"run_dir": run_dir, **stats}
 
 

@@ -678,15 +678,20 @@ def main(args: Args) -> dict:
           f"{np.mean(episodic_returns[-100:] or [np.nan]):.1f}")
 
     # 6. save / evaluate
-    if args.save_model:
-        save_agent(agent, obs_rms, reward_scaler, args, obs_dim, act_dim, run_dir)
-    if args.eval_episodes > 0 and not interrupted:
-        eval_returns = evaluate(agent, obs_rms, args.obs_clip, args.env_id, args.eval_episodes,
-                                args.seed + 100_000, device, video_dir)
-        for i, eval_return in enumerate(eval_returns):
-            writer.add_scalar("eval/episodic_return", eval_return, i)
-        print(f"eval: {np.mean(eval_returns):.2f} +- {np.std(eval_returns):.2f} over {len(eval_returns)} episodes")
-    writer.close()
+    try:
+        if args.save_model:
+            save_agent(agent, obs_rms, reward_scaler, args, obs_dim, act_dim, run_dir)
+        if args.eval_episodes > 0 and not interrupted:
+            eval_returns = evaluate(agent, obs_rms, args.obs_clip, args.env_id, args.eval_episodes,
+                                    args.seed + 100_000, device, video_dir)
+            for i, eval_return in enumerate(eval_returns):
+                writer.add_scalar("eval/episodic_return", eval_return, i)
+            print(f"eval: {np.mean(eval_returns):.2f} +- {np.std(eval_returns):.2f} "
+                  f"over {len(eval_returns)} episodes")
+    except KeyboardInterrupt:  # e.g. during a long evaluation with --capture-video
+        print("interrupted while saving or evaluating: keeping the logs, skipping the rest")
+    finally:
+        writer.close()
     return {"run_dir": run_dir, "episodic_returns": episodic_returns, "eval_returns": eval_returns,
             "rollout_time": rollout_time, "update_time": update_time}
 

@@ -422,14 +422,19 @@ def main(args: Args) -> dict:
           f"mean return of the last 100 episodes: {np.mean(episodic_returns[-100:] or [np.nan]):.1f}")
 
     # 6. save / evaluate
-    if args.save_model:
-        save_agent(agent, args, obs_dim, n_actions, run_dir)
-    if args.eval_episodes > 0 and not interrupted:
-        eval_returns = evaluate(agent, args.env_id, args.eval_episodes, args.seed + 100_000, device)
-        for i, eval_return in enumerate(eval_returns):
-            writer.add_scalar("eval/episodic_return", eval_return, i)
-        print(f"eval: {np.mean(eval_returns):.2f} +- {np.std(eval_returns):.2f} over {len(eval_returns)} episodes")
-    writer.close()
+    try:
+        if args.save_model:
+            save_agent(agent, args, obs_dim, n_actions, run_dir)
+        if args.eval_episodes > 0 and not interrupted:
+            eval_returns = evaluate(agent, args.env_id, args.eval_episodes, args.seed + 100_000, device)
+            for i, eval_return in enumerate(eval_returns):
+                writer.add_scalar("eval/episodic_return", eval_return, i)
+            print(f"eval: {np.mean(eval_returns):.2f} +- {np.std(eval_returns):.2f} "
+                  f"over {len(eval_returns)} episodes")
+    except KeyboardInterrupt:  # a Ctrl-C while saving or evaluating
+        print("interrupted while saving or evaluating: keeping the logs, skipping the rest")
+    finally:
+        writer.close()
     return {"run_dir": run_dir, "episodic_returns": episodic_returns, "eval_returns": eval_returns}
 
 

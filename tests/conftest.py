@@ -46,11 +46,44 @@ def interrupted_run(monkeypatch):
                 return self.env.step(actions)
 
         monkeypatch.setattr(module, "make_vector_env", lambda *a: Interrupt(real_make(*a)))
-        result = module.main(args)
+        try:
+            result = module.main(args)
+        except KeyboardInterrupt:  # would otherwise stop the whole pytest session
+            pytest.fail("a Ctrl-C during training escaped main() instead of ending the run cleanly")
         assert steps == calls
         assert os.path.isfile(os.path.join(result["run_dir"], "agent.pt"))
         assert result["eval_returns"] == []
         acc = _read_events(result["run_dir"])
+        assert len(acc.Scalars("charts/episodic_return")) == len(result["episodic_returns"]) > 0
+        return result
+
+    return run
+
+
+@pytest.fixture
+def interrupted_evaluation(monkeypatch):
+    """Run `module.main(args)` with a Ctrl-C (KeyboardInterrupt) raised as the evaluation after training starts,
+    and check that the run returns normally: the agent saved before it, no evaluation logged, and a closed
+    TensorBoard file holding every training episode (the writer flushes only every 120 s unless closed)."""
+
+    def run(module, args):
+        calls = 0
+
+        def evaluate(*a, **kw):
+            nonlocal calls
+            calls += 1
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(module, "evaluate", evaluate)
+        try:
+            result = module.main(args)
+        except KeyboardInterrupt:  # would otherwise stop the whole pytest session
+            pytest.fail("a Ctrl-C during the evaluation escaped main() instead of ending the run cleanly")
+        assert calls == 1
+        assert os.path.isfile(os.path.join(result["run_dir"], "agent.pt"))
+        assert result["eval_returns"] == []
+        acc = _read_events(result["run_dir"])
+        assert "eval/episodic_return" not in acc.Tags()["scalars"]
         assert len(acc.Scalars("charts/episodic_return")) == len(result["episodic_returns"]) > 0
         return result
 

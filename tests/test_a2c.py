@@ -157,6 +157,10 @@ def test_ctrl_c_keeps_logs_and_saves(tmp_path, interrupted_run):
     interrupted_run(a2c, small_args(tmp_path, total_timesteps=50_000))
 
 
+def test_ctrl_c_during_evaluation_keeps_logs_and_saves(tmp_path, interrupted_evaluation):
+    interrupted_evaluation(a2c, small_args(tmp_path))
+
+
 # ---------------------------------------------------------------------------- bad input
 
 

@@ -184,6 +184,10 @@ def test_ctrl_c_keeps_logs_and_saves(tmp_path, interrupted_run):
     interrupted_run(ppo_cartpole, small_args(tmp_path, total_timesteps=50_000))
 
 
+def test_ctrl_c_during_evaluation_keeps_logs_and_saves(tmp_path, interrupted_evaluation):
+    interrupted_evaluation(ppo_cartpole, small_args(tmp_path))
+
+
 # ---------------------------------------------------------------------------- bad input
 
 

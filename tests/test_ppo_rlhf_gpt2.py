@@ -388,6 +388,26 @@ def test_ctrl_c_keeps_logs_and_saves(tiny, tmp_path, monkeypatch):
     assert any(not torch.equal(a, b) for a, b in zip(saved.parameters(), initial.parameters()))
 
 
+def test_ctrl_c_while_saving_closes_the_logs(tiny, tmp_path, monkeypatch):
+    # a Ctrl-C while --save-model writes the policy: the run returns normally and both iterations are in the
+    # closed TensorBoard file (the writer flushes only every 120 s unless closed)
+    calls = 0
+
+    def save_pretrained(self, *a, **kw):
+        nonlocal calls
+        calls += 1
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(GPT2LMHeadModel, "save_pretrained", save_pretrained)
+    try:
+        stats = rlhf.main(tiny_args(tiny, tmp_path, save_model=True))
+    except KeyboardInterrupt:  # would otherwise stop the whole pytest session
+        pytest.fail("a Ctrl-C while saving escaped main() instead of ending the run cleanly")
+    assert calls == 1
+    scores = read_scalars(stats["run_dir"])["objective/scores"]
+    assert len(scores) == 2 and scores[-1] == pytest.approx(stats["objective/scores"])
+
+
 def test_vader_reward():
     reward_fn = rlhf.load_reward_fn(rlhf.Args(reward_model="vader"), torch.device("cpu"))
     scores = reward_fn(["This movie was wonderful, I loved it.", "This movie was terrible and boring."])

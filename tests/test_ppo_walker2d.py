@@ -278,6 +278,12 @@ def test_ctrl_c_keeps_logs_and_saves(tmp_path, interrupted_run):
                               save_model=True, eval_episodes=2, runs_dir=str(tmp_path), cuda=False))
 
 
+def test_ctrl_c_during_evaluation_keeps_logs_and_saves(tmp_path, interrupted_evaluation):
+    interrupted_evaluation(P, P.Args(total_timesteps=4096, num_envs=4, num_steps=256, num_minibatches=4,
+                                     update_epochs=1, save_model=True, eval_episodes=2, runs_dir=str(tmp_path),
+                                     cuda=False))
+
+
 @pytest.mark.parametrize("env_id", ["Hopper-v5", "HalfCheetah-v5", "Pendulum-v1"])
 def test_other_box_envs_get_clipped_actions_while_the_update_scores_the_sampled_ones(env_id, tmp_path, monkeypatch):
     """Detail 18 on other bounds and shapes (Pendulum's actions lie in [-2, 2]): the env receives the sample

@@ -180,6 +180,10 @@ def test_ctrl_c_keeps_logs_and_saves(tmp_path, interrupted_run):
     interrupted_run(reinforce, small_args(tmp_path, total_timesteps=50_000))
 
 
+def test_ctrl_c_during_evaluation_keeps_logs_and_saves(tmp_path, interrupted_evaluation):
+    interrupted_evaluation(reinforce, small_args(tmp_path))
+
+
 # ---------------------------------------------------------------------------- bad input
 
 
