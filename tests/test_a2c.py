@@ -149,8 +149,10 @@ def test_gae_flag_runs(tmp_path):
 
 def test_learns_within_60k_steps(tmp_path):
     result = a2c.main(small_args(tmp_path, total_timesteps=60_000, eval_episodes=0, save_model=False))
-    # random play averages ~22; a broken gradient, return or bootstrap does not get here in 60k steps
-    assert np.mean(result["episodic_returns"][-10:]) >= 150
+    # The mean of the last 30 episodes after 60k steps, seeds 1-20: 122-500 (median 220). With --learning-rate 0 it
+    # is 21-22 (random play), with negated advantages 9. A run is reproducible only on one machine (the CPU changes
+    # the floating-point path), so the bound leaves room for an unlucky draw on another one.
+    assert np.mean(result["episodic_returns"][-30:]) >= 80
 
 
 def test_ctrl_c_keeps_logs_and_saves(tmp_path, interrupted_run):

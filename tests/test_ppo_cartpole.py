@@ -174,10 +174,12 @@ def test_same_seed_same_run(seeded_runs):
     seeded_runs(ppo_cartpole, small_args)
 
 
-def test_learns_within_30k_steps(tmp_path):
-    result = ppo_cartpole.main(small_args(tmp_path, total_timesteps=30_000, eval_episodes=0, save_model=False))
-    # random play averages ~22; a broken gradient, advantage or bootstrap does not get here in 30k steps
-    assert np.mean(result["episodic_returns"][-10:]) >= 150
+def test_learns_within_50k_steps(tmp_path):
+    result = ppo_cartpole.main(small_args(tmp_path, total_timesteps=50_000, eval_episodes=0, save_model=False))
+    # The mean of the last 30 episodes after 50k steps, seeds 1-20: 100-500 (median 268). With --learning-rate 0 it
+    # is 21-26 (random play), with negated advantages 9. A run is reproducible only on one machine (the CPU changes
+    # the floating-point path), so the bound leaves room for an unlucky draw on another one.
+    assert np.mean(result["episodic_returns"][-30:]) >= 60
 
 
 def test_ctrl_c_keeps_logs_and_saves(tmp_path, interrupted_run):

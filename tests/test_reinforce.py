@@ -172,7 +172,8 @@ def test_same_seed_same_run(seeded_runs):
 
 def test_learns_within_60k_steps(tmp_path):
     result = reinforce.main(small_args(tmp_path, total_timesteps=60_000, eval_episodes=0, save_model=False))
-    # random play averages ~22; a broken gradient, return or baseline does not get here in 60k steps
+    # random play averages ~22; a broken gradient, return or baseline does not get here in 60k steps, while seeds
+    # 1-20 end at 255-418 (mean of the last 16 episodes)
     assert np.mean(result["episodic_returns"][-16:]) >= 100
 
 
