@@ -9,7 +9,7 @@ Implementation Details of Proximal Policy Optimization". Works on any env with a
 Usage:
     python ppo_walker2d.py --seed 1
     python ppo_walker2d.py --save-model --eval-episodes 10 --capture-video
-    python ppo_walker2d.py --eval-checkpoint runs/<run_name>/agent.pt
+    python ppo_walker2d.py --eval-checkpoint runs/<run_name>/agent.pt [--eval-sample]
     tensorboard --logdir runs
 
 What the code computes, with the names it uses (t is a step, one rollout holds num_steps x num_envs):
@@ -66,7 +66,9 @@ Beyond CleanRL:
     would not normalize `final_obs` anyway. The statistics are saved with the weights.
 26. `--save-model` saves weights and normalization statistics to runs/<run_name>/agent.pt; evaluation
     (`--eval-episodes` after training, `--eval-checkpoint` for a saved agent) uses the mean action
-    and freezes the statistics; `--capture-video` records evaluation episodes headless.
+    and freezes the statistics; `--capture-video` records evaluation episodes headless. The mean action
+    scores above the training return (no exploration noise); `--eval-sample` samples the actions as
+    training did, the like-for-like check that a checkpoint reproduces the trained agent.
 27. One torch thread by default (`--num-threads`): on a 2-core machine the default thread pool makes
     a small MLP 3-40x slower whenever anything else runs.
 28. Lean rollout: inference without autograd and of the actor only (the critic is unchanged during the
@@ -131,6 +133,8 @@ class Args:
     """save the trained agent and its normalization statistics to <runs_dir>/<run_name>/agent.pt"""
     eval_episodes: int = 10
     """episodes of the mean-action policy to evaluate after training (0: no evaluation)"""
+    eval_sample: bool = False
+    """evaluate with actions sampled from the policy, as in training, instead of the mean action"""
     eval_checkpoint: str | None = None
     """path to a saved agent.pt: evaluate it for --eval-episodes episodes and exit, no training"""
     capture_video: bool = False
@@ -504,6 +508,7 @@ def main(args: Args) -> dict:
     if args.cuda and not torch.cuda.is_available():
         print("--cuda: no GPU available, running on the CPU")
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    eval_mode = "sampled actions" if args.eval_sample else "mean action"
 
     if args.eval_checkpoint is not None:
         agent, obs_rms, checkpoint = load_agent(args.eval_checkpoint, device)
@@ -511,9 +516,9 @@ def main(args: Args) -> dict:
         video_dir = video_dir_or_none(args.capture_video, checkpoint["env_id"], os.path.join(
             os.path.dirname(args.eval_checkpoint), f"videos_eval_checkpoint_{int(time.time())}"))
         eval_returns = evaluate(agent, obs_rms, checkpoint["obs_clip"], checkpoint["env_id"], args.eval_episodes,
-                                args.seed + 100_000, device, video_dir)
-        print(f"eval of {args.eval_checkpoint}: {np.mean(eval_returns):.2f} +- {np.std(eval_returns):.2f} "
-              f"over {len(eval_returns)} episodes")
+                                args.seed + 100_000, device, video_dir, args.eval_sample)
+        print(f"eval ({eval_mode}) of {args.eval_checkpoint}: {np.mean(eval_returns):.2f} "
+              f"+- {np.std(eval_returns):.2f} over {len(eval_returns)} episodes")
         return {"eval_returns": eval_returns}
 
     run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
@@ -683,10 +688,10 @@ def main(args: Args) -> dict:
             save_agent(agent, obs_rms, reward_scaler, args, obs_dim, act_dim, run_dir)
         if args.eval_episodes > 0 and not interrupted:
             eval_returns = evaluate(agent, obs_rms, args.obs_clip, args.env_id, args.eval_episodes,
-                                    args.seed + 100_000, device, video_dir)
+                                    args.seed + 100_000, device, video_dir, args.eval_sample)
             for i, eval_return in enumerate(eval_returns):
                 writer.add_scalar("eval/episodic_return", eval_return, i)
-            print(f"eval: {np.mean(eval_returns):.2f} +- {np.std(eval_returns):.2f} "
+            print(f"eval ({eval_mode}): {np.mean(eval_returns):.2f} +- {np.std(eval_returns):.2f} "
                   f"over {len(eval_returns)} episodes")
     except KeyboardInterrupt:  # e.g. during a long evaluation with --capture-video
         print("interrupted while saving or evaluating: keeping the logs, skipping the rest")

@@ -264,6 +264,12 @@ def test_short_run_logs_the_tags_and_its_checkpoint_evaluates_the_same(tmp_path)
     evaluated = P.main(P.Args(eval_checkpoint=checkpoint, eval_episodes=2, cuda=False))
     # same seeds, same mean actions, same frozen statistics: the same returns as the in-training evaluation
     np.testing.assert_allclose(evaluated["eval_returns"], result["eval_returns"], rtol=1e-6)
+    # --eval-sample plays the same episode seeds with actions drawn as in training: other returns, and the same
+    # ones again for the same --seed (the samples come from the seeded torch generator)
+    sampled = [P.main(P.Args(eval_checkpoint=checkpoint, eval_episodes=2, eval_sample=True, cuda=False))["eval_returns"]
+               for _ in range(2)]
+    assert sampled[0] == sampled[1]
+    assert not np.allclose(sampled[0], result["eval_returns"])
 
 
 def test_learns_to_stay_up_within_20k_steps(tmp_path):
