@@ -132,7 +132,7 @@ class Args:
     save_model: bool = False
     """save the trained agent and its normalization statistics to <runs_dir>/<run_name>/agent.pt"""
     eval_episodes: int = 10
-    """episodes of the mean-action policy to evaluate after training (0: no evaluation)"""
+    """episodes to evaluate after training, with the mean action unless --eval-sample (0: no evaluation)"""
     eval_sample: bool = False
     """evaluate with actions sampled from the policy, as in training, instead of the mean action"""
     eval_checkpoint: str | None = None
