@@ -10,6 +10,7 @@ Usage:
     python ppo_walker2d.py --seed 1
     python ppo_walker2d.py --save-model --eval-episodes 10 --capture-video
     python ppo_walker2d.py --eval-checkpoint runs/<run_name>/agent.pt [--eval-sample]
+    python ppo_walker2d.py --env-id Hopper-v5 --gamma 0.99
     tensorboard --logdir runs
 
 What the code computes, with the names it uses (t is a step, one rollout holds num_steps x num_envs):
@@ -78,9 +79,9 @@ Beyond CleanRL:
     call, unused per-step info dicts dropped (`DropInfo`), GAE in numpy.
 
 Defaults that differ from CleanRL's `ppo_continuous_action.py` (1 env x 2048 steps, 32 minibatches of
-64, 10 epochs, lr 3e-4, vf_coef 0.5, clipped value loss, initial log-std 0) mostly follow Tianshou's
-PPO MuJoCo example (`examples/mujoco/mujoco_ppo.py`: 8 envs, vf_coef 0.25, no value clipping,
-initial log-std -0.5):
+64, 10 epochs, lr 3e-4, gamma 0.99, vf_coef 0.5, clipped value loss, initial log-std 0) mostly follow
+Tianshou's PPO MuJoCo example (`examples/mujoco/mujoco_ppo.py`: 8 envs, vf_coef 0.25, no value
+clipping, initial log-std -0.5):
 - `num_envs` 8 x `num_steps` 256: the same 2048-step batch, but 8 episodes in flight decorrelate it,
   and one batched forward serves 8 env steps, which makes the rollout cheaper per step.
 - `num_minibatches` 8 (minibatches of 256): a gradient step of this small MLP costs about the same
@@ -98,6 +99,12 @@ initial log-std -0.5):
   Matters in On-Policy Reinforcement Learning?") and slows the critic when value scales change.
 - `init_log_std` -0.5 (std 0.61 instead of 1): less random flailing early on, the walker learns to
   stay up sooner.
+- `gamma` 0.995 (CleanRL: 0.99), which also sets the horizon of the reward scaling (detail 21): the
+  critic looks ~200 steps ahead instead of ~100, so a fall costs more. Over 20 Walker2d seeds the saved
+  agents' mean-action evaluation lands 7% above the training return instead of 19% (15 of 20 within 10%,
+  against 5 of 30 at 0.99), no run ended below 3,000 (5 of 30 did at 0.99) and the mean rose from 3583
+  to 3775 (within noise, p = 0.40). HalfCheetah scores the same. On Hopper, pass `--gamma 0.99`: at
+  0.995, 3 of 6 hoppers learned to stand still for the whole episode, the safest way not to fall.
 """
 
 import os
@@ -160,7 +167,7 @@ class Args:
     """the learning rate of the optimizer"""
     anneal_lr: bool = True
     """anneal the learning rate linearly to 0"""
-    gamma: float = 0.99
+    gamma: float = 0.995
     """the discount factor gamma"""
     gae_lambda: float = 0.95
     """the lambda of generalized advantage estimation"""
