@@ -9,7 +9,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = ["README.md"] + sorted(
-    os.path.relpath(p, ROOT) for pattern in ("docs/*.md", "benchmarks/results/*.md")
+    os.path.relpath(p, ROOT) for pattern in ("docs/*.md", "docs/results/*.md", "benchmarks/results/*.md")
     for p in glob.glob(os.path.join(ROOT, pattern))
 )
 LINK = re.compile(r"\]\(([^)\s]+)\)")  # [text](target) and ![alt](target)
