@@ -1,11 +1,10 @@
 """REINFORCE (Monte-Carlo policy gradient) with a Categorical policy on CartPole-v1.
 
-Paper: Williams 1992, "Simple Statistical Gradient-Following Algorithms for Connectionist
-Reinforcement Learning"; reward-to-go and the learned state-value baseline as in Sutton & Barto,
-"Reinforcement Learning: An Introduction" (2nd ed.), section 13.4, and OpenAI Spinning Up's VPG.
-Same shape, names and TensorBoard tags as ppo_cartpole.py, so that `diff reinforce.py a2c.py` shows
-what A2C adds (returns bootstrapped from the critic after a few steps instead of waiting for the end
-of each episode) and `diff a2c.py ppo_cartpole.py` what PPO adds on top.
+Papers: Williams 1992, "Simple Statistical Gradient-Following Algorithms for Connectionist Reinforcement
+Learning"; reward-to-go and the learned state-value baseline as in Sutton & Barto, "Reinforcement Learning:
+An Introduction" (2nd ed.), section 13.4, and OpenAI Spinning Up's VPG. Same shape, names and TensorBoard tags
+as ppo_cartpole.py: `diff reinforce.py a2c.py` shows what A2C adds (returns bootstrapped from the critic after
+a few steps instead of at the end of each episode), `diff a2c.py ppo_cartpole.py` what PPO adds on top.
 
 Usage:
     python reinforce.py --seed 1
@@ -14,67 +13,47 @@ Usage:
     python reinforce.py --eval-checkpoint runs/<run_name>/agent.pt
     tensorboard --logdir runs
 
-What the code computes, with the names it uses (t is a step of one episode, a batch holds
-`num_episodes` complete episodes):
+What the code computes (t is a step of one episode; a batch holds `num_episodes` complete episodes):
     returns_t    = rewards_t + gamma * rewards_{t+1} + ... + gamma^(T-1-t) * rewards_{T-1}
                    (+ gamma^(T-t) * V(s_T) if the episode was truncated at T and --baseline is on)
     advantages_t = returns_t - values_t      (with --baseline; returns_t without)
     pg_loss      = -mean(advantages_t * log pi(a_t | s_t))
     v_loss       = 0.5 * mean((V(s_t) - returns_t)^2)   (with --baseline)
-    loss         = pg_loss - ent_coef * entropy + vf_coef * v_loss
-The gradient of pg_loss is the policy-gradient theorem's estimate: each action's log-probability is
-pushed up in proportion to the rewards that came after it (reward-to-go: rewards before an action
-cannot depend on it, so leaving them out only removes variance). Subtracting a baseline that depends
-only on the state leaves the estimate unbiased and lowers its variance further.
-Sutton & Barto's REINFORCE (sections 13.3 and 13.4) also weighs step t's term by gamma^t; like Spinning Up's
-VPG and most implementations, this one drops that factor and uses the discounted reward-to-go alone, which is
-then not exactly the gradient of the discounted return (Nota & Thomas 2020, "Is the Policy Gradient a
-Gradient?") but does not shrink the gradient of an episode's late steps towards zero.
-Truncation: CartPole-v1 cuts every episode at 500 steps, which is not a failure. With --baseline the
-cut-off tail is estimated by the critic, V(final observation), as A2C and PPO do. Without a baseline
-there is no critic, so the tail is dropped: a step near the time limit gets a return of a few rewards
-although the pole is still up, and after normalization the last actions of the best episodes are
-pushed down. The time left is not in the observation, so this is a bias the policy cannot resolve.
+    loss         = pg_loss - ent_coef * entropy_loss + vf_coef * v_loss
+Each action's log-probability is pushed up in proportion to the rewards that came after it (rewards before
+an action cannot depend on it, so leaving them out only removes variance); a baseline that depends only on
+the state keeps the estimate unbiased and lowers its variance further. Like Spinning Up's VPG, the code drops
+Sutton & Barto's gamma^t weight of step t, so this is not exactly the gradient of the discounted return
+(Nota & Thomas 2020, "Is the Policy Gradient a Gradient?"), but late steps are not weighted towards zero.
+Without a baseline there is no critic to estimate the tail cut off by the time limit, so it is dropped: a
+step near the limit gets a return of a few rewards although the pole is still up, a bias the policy cannot
+resolve (the time left is not in the observation).
 
-Implementation details (each is marked "detail N" where it happens; numbered as in ppo_cartpole.py
-and a2c.py, so numbers that do not apply to REINFORCE are missing):
- 1. Vectorized environments: `num_envs` CartPoles stepped in lockstep, one batched forward per step.
-    A batch is `num_episodes` complete episodes, `num_episodes / num_envs` from each env, all played
-    with the current policy: every env is reset at the start of a batch, and an env that has played
-    its share of episodes waits (it is still stepped, the steps are thrown away, and they count as
-    env steps) until the others finish. Episodes that straddle an update would mix two policies, and
-    keeping only the episodes that happen to finish first would favour short ones.
- 2. Orthogonal weight init (gain sqrt(2) hidden, 0.01 policy head, 1 value head), zero biases.
- 3. RMSProp (alpha 0.99, eps 1e-5), as in a2c.py: measured here, it learned faster than Adam and
-    was steadier near 500 (seed 1 at 500k: 494.9 with RMSProp, 468.7 with Adam, same settings).
+Implementation details, numbered as in "The 37 Implementation Details of PPO" and the other scripts (the
+ones REINFORCE has), each marked "detail N" in the code:
+ 1. Vectorized envs. A batch is `num_episodes` complete episodes, `num_episodes / num_envs` from each env,
+    all played by the current policy: every env is reset at the start of a batch, and an env that has
+    played its share waits (still stepped, its steps thrown away but counted) until the others finish.
+    Episodes that straddle an update would mix two policies; keeping the first to finish favours short ones.
+ 2. Orthogonal init (gain sqrt(2) hidden, 0.01 policy head, 1 value head), zero biases.
+ 3. The optimizer: RMSProp (alpha 0.99, eps 1e-5) as in a2c.py, not PPO's Adam (why:
+    docs/results/reinforce.md#why-these-defaults).
  4. Learning rate annealed linearly to 0 over the env-step budget.
- 5. Discounted reward-to-go (Monte-Carlo returns), computed backwards through each episode; no
-    bootstrapping except at a truncation (with --baseline).
- 6. One gradient step per batch, on the whole batch.
- 7. Normalization over the batch (`--norm-adv`): of the advantages with --baseline, of the returns
-    without one (subtracting the batch mean of the returns is then a constant baseline).
- 8. Vanilla policy-gradient loss -A * log pi.
- 9. Learned state-value baseline (`--baseline`, on by default): a critic regressed on the
-    Monte-Carlo returns with a squared-error loss weighted by `vf_coef`.
-10. Entropy bonus (`--ent-coef`, 0 by default).
-12. Debug variable: explained_var (how much of the returns' variance the baseline explains).
-13. Separate actor and critic networks (no shared trunk).
-Beyond the textbook:
-14. Correct on gymnasium 1.x: SAME_STEP autoreset, so the observation after a step that ended an
-    episode is the first of the next episode and the finished one's last state arrives in
-    `infos["final_obs"]`; episode statistics come from the vector `RecordEpisodeStatistics` wrapper
-    and are logged (only the episodes that enter a batch).
-15. Truncation is not termination: with --baseline an episode cut by the 500-step time limit is
-    bootstrapped with the value of its final observation (see above for what happens without).
-16. One torch thread by default (`--num-threads`): on a 2-core machine the default thread pool makes
-    a small MLP 3-40x slower whenever anything else runs.
-17. `--save-model` saves the agent to runs/<run_name>/agent.pt; `--eval-episodes` evaluates the
-    greedy policy after training; `--eval-checkpoint` evaluates a saved agent without training.
-
-Defaults: 16 envs, a batch of 16 complete episodes (one per env), lr 2e-3 annealed to 0, gamma 0.99,
-baseline and advantage normalization on, no entropy bonus, 500k env steps (the budget of a2c.py and
-of the comparison with it and ppo_cartpole.py); that is only a few hundred gradient steps, because
-each one waits for whole episodes.
+ 5. In place of GAE: the discounted reward-to-go (Monte-Carlo returns, GAE with lambda 1 over whole
+    episodes), computed backwards through each episode.
+ 6. In place of minibatch epochs: one gradient step per batch, on the whole batch.
+ 7. Normalization over the batch (`--norm-adv`): of the advantages with --baseline, of the returns without
+    one (subtracting the batch mean of the returns is then a constant baseline).
+10. One loss: the vanilla policy-gradient loss, the entropy bonus (`--ent-coef`) and, with --baseline,
+    the critic's squared error.
+12. Debug variable: explained_var, how much of the returns' variance the baseline explains.
+13. Separate actor and critic networks (the critic is the baseline).
+Gymnasium 1.x correctness, marked "detail G1".."G3":
+G1. SAME_STEP autoreset: the observation after an episode's last step is the next episode's first; the
+    finished episode's last observation is in infos["final_obs"].
+G2. Truncation is not termination: with --baseline an episode cut by the time limit is bootstrapped with
+    V(final_obs); a termination zeroes the bootstrap; a done stops the return's recursion.
+G3. Episode statistics from the vector RecordEpisodeStatistics wrapper (only the batch's episodes logged).
 """
 
 import os
@@ -112,13 +91,13 @@ class Args:
     eval_episodes: int = 10
     """episodes of the greedy policy to evaluate after training (0: no evaluation)"""
     eval_checkpoint: str | None = None
-    """path to a saved agent.pt: evaluate it for --eval-episodes episodes and exit, no training"""
+    """path to an agent.pt saved by --save-model: evaluate it for --eval-episodes episodes, no training"""
 
     # environment
     env_id: str = "CartPole-v1"
     """the id of the environment (its action space must be Discrete)"""
     total_timesteps: int = 500_000
-    """total environment steps of the experiment (summed over all envs; the last batch may go past it)"""
+    """total env steps, summed over all envs (the last batch may go past it); the budget of a2c.py"""
     num_envs: int = 16
     """the number of parallel environments"""
     num_episodes: int = 16
@@ -126,7 +105,7 @@ class Args:
 
     # algorithm
     learning_rate: float = 2e-3
-    """the learning rate of the optimizer"""
+    """the learning rate of RMSProp (docs/results/reinforce.md#why-these-defaults)"""
     anneal_lr: bool = True
     """anneal the learning rate linearly to 0"""
     gamma: float = 0.99
@@ -151,29 +130,28 @@ def check_args(args: Args) -> None:
     def fail(msg):
         raise SystemExit(f"error: {msg}")
 
-    for flag in ("total_timesteps", "num_envs", "num_episodes"):
-        if getattr(args, flag) <= 0:
+    for flag in ("total_timesteps", "num_envs", "num_episodes", "num_threads", "learning_rate"):
+        if not getattr(args, flag) > 0:
             fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
-    if not 0.0 <= args.gamma <= 1.0:
-        fail(f"--gamma must be in [0, 1], got {args.gamma}")
+    if not 0.0 < args.gamma <= 1.0:
+        fail(f"--gamma must be in (0, 1], got {args.gamma}")
     if args.eval_episodes < 0:
         fail(f"--eval-episodes must be >= 0, got {args.eval_episodes}")
-    if args.num_threads <= 0:
-        fail(f"--num-threads must be positive, got {args.num_threads}")
     if args.eval_checkpoint is not None and not os.path.isfile(args.eval_checkpoint):
-        fail(f"--eval-checkpoint {args.eval_checkpoint} does not exist; pass the path of a saved agent.pt")
+        fail(f"--eval-checkpoint {args.eval_checkpoint} is not a file; pass the path of a saved agent.pt")
     try:
         env = gym.make(args.env_id)
     except gym.error.Error as e:
-        fail(f"--env-id {args.env_id} cannot be made ({e.__class__.__name__}); pass a registered gymnasium id")
+        fail(f"--env-id {args.env_id} cannot be made ({e.__class__.__name__}); "
+             "pass a registered gymnasium id")
     action_space, observation_space = env.action_space, env.observation_space
     env.close()
     if not isinstance(action_space, gym.spaces.Discrete):
         fail(f"--env-id {args.env_id} has a {type(action_space).__name__} action space; this script needs "
              "a Discrete one (use ppo_walker2d.py for continuous actions)")
     if not isinstance(observation_space, gym.spaces.Box) or len(observation_space.shape) != 1:
-        fail(f"--env-id {args.env_id} has {observation_space} observations; this script's MLP needs flat (1-d) "
-             "Box observations")
+        fail(f"--env-id {args.env_id} has {observation_space} observations; "
+             "this script's MLP needs flat (1-d) Box observations")
     if args.num_episodes % args.num_envs != 0:
         fail(f"--num-episodes {args.num_episodes} is not a multiple of --num-envs {args.num_envs}; "
              "every env plays the same number of episodes per batch")
@@ -188,7 +166,7 @@ def make_env(env_id: str):
 
 
 def make_vector_env(env_id: str, num_envs: int):
-    # detail 1 and 14: lockstep envs that reset inside the step that ends an episode (SAME_STEP),
+    # detail 1, G1, G3: lockstep envs that reset inside the step that ends an episode (SAME_STEP),
     # with episode returns and lengths recorded on the vector env
     envs = gym.vector.SyncVectorEnv(
         [make_env(env_id) for _ in range(num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
@@ -226,7 +204,7 @@ class Agent(nn.Module):
         return self.critic(x).squeeze(-1)
 
     def get_action_and_value(self, x, action=None):
-        # validate_args=False skips per-call argument checks that cost ~15% of a small update step
+        # speed: validate_args=False skips per-call argument checks, a sizeable share of a small update
         probs = Categorical(logits=self.actor(x), validate_args=False)
         if action is None:
             action = probs.sample()
@@ -248,7 +226,7 @@ def compute_returns(rewards, next_values, terminations, dones, gamma):
     returns = torch.zeros_like(rewards)
     next_return = next_values[-1]
     for t in reversed(range(rewards.shape[0])):
-        # detail 15: only a true termination zeroes the bootstrap; a truncation keeps next_values
+        # detail G2: only a true termination zeroes the bootstrap; a truncation keeps next_values
         next_return = torch.where(dones[t].bool(), next_values[t], next_return)
         next_return = rewards[t] + gamma * (1.0 - terminations[t]) * next_return
         returns[t] = next_return
@@ -256,12 +234,12 @@ def compute_returns(rewards, next_values, terminations, dones, gamma):
 
 
 def policy_loss(newlogprob, advantages):
-    """Vanilla policy-gradient loss (detail 8): its gradient is -mean(A * grad log pi)."""
+    """Vanilla policy-gradient loss: its gradient is -mean(A * grad log pi)."""
     return -(advantages * newlogprob).mean()
 
 
 def value_loss(newvalue, returns):
-    """Squared-error value loss (detail 9)."""
+    """Squared-error value loss of the baseline."""
     return 0.5 * ((newvalue - returns) ** 2).mean()
 
 
@@ -283,24 +261,36 @@ def evaluate(agent, env_id, episodes, seed, device):
     return episodic_returns
 
 
-def load_agent(path, device):
-    checkpoint = torch.load(path, map_location=device, weights_only=True)
-    agent = Agent(checkpoint["obs_dim"], checkpoint["n_actions"]).to(device)
-    agent.load_state_dict(checkpoint["model"])
-    return agent, checkpoint
-
-
 def save_agent(agent, args, obs_dim, n_actions, run_dir):
     path = os.path.join(run_dir, "agent.pt")
-    checkpoint = {"model": agent.state_dict(), "obs_dim": obs_dim, "n_actions": n_actions, "env_id": args.env_id}
+    checkpoint = {"model": agent.state_dict(), "obs_dim": obs_dim, "n_actions": n_actions,
+                  "env_id": args.env_id}
     torch.save(checkpoint, path)
     print(f"agent saved to {path}")
+
+
+def load_agent(path, device):
+    """The agent and checkpoint that save_agent wrote to `path`; a one-line error for any other file."""
+    try:
+        checkpoint = torch.load(path, map_location=device, weights_only=True)
+    except Exception as e:  # truncated, corrupt, or not written by torch.save
+        raise SystemExit(f"error: --eval-checkpoint {path} cannot be read ({e.__class__.__name__}); "
+                         "the file is truncated or corrupt: pass an agent.pt saved by --save-model")
+    try:  # e.g. ppo_walker2d.py's agent.pt holds a Gaussian policy and act_dim, not n_actions
+        agent = Agent(checkpoint["obs_dim"], checkpoint["n_actions"]).to(device)
+        agent.load_state_dict(checkpoint["model"])  # raises on missing, unexpected or mis-shaped weights
+        gym.spec(checkpoint["env_id"])
+    except Exception as e:
+        script = os.path.basename(__file__)
+        raise SystemExit(f"error: --eval-checkpoint {path} is not an agent.pt of {script} "
+                         f"({e.__class__.__name__}); pass one saved by {script} --save-model")
+    return agent, checkpoint
 
 
 def main(args: Args) -> dict:
     # 1. setup
     check_args(args)
-    torch.set_num_threads(args.num_threads)  # detail 16
+    torch.set_num_threads(args.num_threads)  # speed: one thread is fastest for a small MLP on a busy machine
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
@@ -328,7 +318,7 @@ def main(args: Args) -> dict:
     obs_dim = envs.single_observation_space.shape[0]
     n_actions = int(envs.single_action_space.n)
     agent = Agent(obs_dim, n_actions).to(device)
-    # detail 3: RMSProp, eps 1e-5 (foreach=True updates all parameters in one batched call: ~2x faster here)
+    # detail 3: RMSProp, eps 1e-5 (speed: foreach=True updates all parameters in one batched call)
     optimizer = optim.RMSprop(agent.parameters(), lr=args.learning_rate, alpha=0.99, eps=1e-5, foreach=True)
 
     episodic_returns, eval_returns = [], []
@@ -342,11 +332,12 @@ def main(args: Args) -> dict:
                 lrnow = (1.0 - global_step / args.total_timesteps) * args.learning_rate
                 optimizer.param_groups[0]["lr"] = lrnow
 
-            # 2. rollout: every env plays episodes_per_env complete episodes with the current policy (detail 1)
+            # 2. rollout: every env plays episodes_per_env complete episodes with this policy (detail 1)
             next_obs, _ = envs.reset(seed=args.seed if iteration == 1 else None)
             next_obs = torch.as_tensor(next_obs, dtype=torch.float32, device=device)
             episodes_left = np.full(args.num_envs, args.episodes_per_env)
-            obs, actions, rewards, terminations, dones, values, final_obs, masks = [], [], [], [], [], [], [], []
+            obs, actions, rewards, values, final_obs, masks = [], [], [], [], [], []
+            terminations, dones = [], []
             while episodes_left.any():
                 global_step += args.num_envs
                 # the steps of an env that has played its share are thrown away (detail 1)
@@ -360,18 +351,19 @@ def main(args: Args) -> dict:
                 next_obs_np, reward, terminated, truncated, infos = envs.step(action.cpu().numpy())
                 rewards.append(torch.as_tensor(reward, dtype=torch.float32, device=device))
                 terminations.append(torch.as_tensor(terminated, dtype=torch.float32, device=device))
-                dones.append(torch.as_tensor(np.logical_or(terminated, truncated), dtype=torch.float32, device=device))
+                dones.append(torch.as_tensor(terminated | truncated, dtype=torch.float32, device=device))
                 next_obs = torch.as_tensor(next_obs_np, dtype=torch.float32, device=device)
-                # observations that ended an episode by truncation, kept for the bootstrap (detail 15)
+                # detail G1, G2: the last observation of an episode cut by the time limit, for its bootstrap
                 final_obs.append(torch.zeros((args.num_envs, obs_dim), device=device))
                 for i in np.flatnonzero(truncated & ~terminated):
                     final_obs[-1][i] = torch.as_tensor(infos["final_obs"][i], device=device)
-                if "_episode" in infos:
+                if "_episode" in infos:  # detail G3
                     for i in np.flatnonzero(infos["_episode"] & (episodes_left > 0)):
                         episodic_return = float(infos["episode"]["r"][i])
                         episodic_returns.append(episodic_return)
                         writer.add_scalar("charts/episodic_return", episodic_return, global_step)
-                        writer.add_scalar("charts/episodic_length", int(infos["episode"]["l"][i]), global_step)
+                        episodic_length = int(infos["episode"]["l"][i])
+                        writer.add_scalar("charts/episodic_length", episodic_length, global_step)
                 episodes_left -= (terminated | truncated) & (episodes_left > 0)
 
             # 3. advantages (no_grad, not inference_mode: the advantages are used in the loss below)
@@ -380,14 +372,14 @@ def main(args: Args) -> dict:
                     torch.stack(x) for x in (obs, actions, rewards, values, final_obs, masks)
                 )
                 terminations, dones = torch.stack(terminations), torch.stack(dones)
-                # the bootstrap at the end of an episode: 0, or the critic's value of a truncated
-                # episode's final observation (detail 15)
+                # detail G2: the bootstrap at the end of an episode is 0, or with a baseline the critic's
+                # value of a truncated episode's final observation
                 next_values = torch.zeros_like(rewards)
                 cut = (dones * (1.0 - terminations)).bool() & masks
                 if args.baseline and cut.any():
                     next_values[cut] = agent.get_value(final_obs[cut])
                 returns = compute_returns(rewards, next_values, terminations, dones, args.gamma)  # detail 5
-                advantages = returns - values if args.baseline else returns.clone()  # detail 9
+                advantages = returns - values if args.baseline else returns.clone()
 
             # only the steps of the episodes in the batch (detail 1)
             b_obs = obs[masks]
@@ -405,7 +397,7 @@ def main(args: Args) -> dict:
             loss = pg_loss - args.ent_coef * entropy_loss  # detail 10
             if args.baseline:
                 v_loss = value_loss(newvalue, b_returns)
-                loss = loss + v_loss * args.vf_coef  # detail 9
+                loss = loss + v_loss * args.vf_coef
 
             optimizer.zero_grad()
             loss.backward()
