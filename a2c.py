@@ -1,74 +1,54 @@
 """Advantage Actor-Critic (A2C, the synchronous A3C) with a Categorical policy on CartPole-v1.
 
-Paper: Mnih et al. 2016, "Asynchronous Methods for Deep Reinforcement Learning" (arXiv:1602.01783);
-this is its synchronous variant (OpenAI Baselines' A2C): `num_envs` envs stepped in lockstep instead
-of asynchronous workers, one gradient step per rollout. Optional GAE from Schulman et al. 2016.
-Same shape, names and TensorBoard tags as ppo_cartpole.py, so that `diff a2c.py ppo_cartpole.py`
-shows what PPO adds (a probability ratio that is clipped, several epochs over minibatches), and
-`diff reinforce.py a2c.py` shows what A2C adds to REINFORCE (bootstrapping from a learned value).
+Papers: Mnih et al. 2016, "Asynchronous Methods for Deep Reinforcement Learning" (arXiv:1602.01783), in its
+synchronous variant (OpenAI Baselines' A2C): `num_envs` envs stepped in lockstep instead of asynchronous
+workers, one gradient step per rollout. Optional GAE from Schulman et al. 2016, "High-Dimensional Continuous
+Control Using Generalized Advantage Estimation". Same shape, names and TensorBoard tags as ppo_cartpole.py:
+`diff reinforce.py a2c.py` shows what A2C adds to REINFORCE (bootstrapping from a learned value),
+`diff a2c.py ppo_cartpole.py` what PPO adds (a clipped probability ratio, epochs of minibatches).
 
 Usage:
     python a2c.py --seed 1
+    python a2c.py --gae --gae-lambda 0.95
     python a2c.py --save-model --eval-episodes 10
     python a2c.py --eval-checkpoint runs/<run_name>/agent.pt
     tensorboard --logdir runs
 
-What the code computes, with the names it uses (t is a step, one rollout holds num_steps x num_envs):
+What the code computes (t is a step; a rollout holds num_steps x num_envs steps):
     returns_t    = rewards_t + gamma * (1 - terminations_t) * (next_values_t if dones_t else returns_{t+1})
                  = the n-step return: rewards to the end of the rollout or of t's episode, then V bootstrap
     advantages_t = returns_t - values_t            (or GAE(gamma, gae_lambda) with --gae)
     pg_loss      = -mean(advantages_t * log pi(a_t | s_t))
     v_loss       = 0.5 * mean((V(s_t) - returns_t)^2)
-    loss         = pg_loss - ent_coef * entropy + vf_coef * v_loss
-`next_values_t` is the value of the state the env really reached after step t: the next observation,
-or the final observation of an episode that ended at t (autoreset has already replaced it); the last
-step of a rollout is bootstrapped with the value of the observation the next rollout starts from.
-`terminations_t` zeroes the bootstrap only for a true termination (the pole fell); `dones_t`
-(termination or truncation) stops the return from flowing back across an episode boundary.
-The data was collected by the very parameters that are updated, and only one gradient step is
-taken, so the gradient needs no importance ratio and nothing to keep it close to the old policy.
+    loss         = pg_loss - ent_coef * entropy_loss + vf_coef * v_loss
+`next_values_t` is the value of the state the env really reached after step t: the next observation, or
+the final observation of an episode that ended at t; the last step of a rollout is bootstrapped with the
+value of the observation the next rollout starts from. The data was collected by the very parameters that
+are updated, and only one gradient step is taken, so the gradient needs no importance ratio and nothing to
+keep it close to the old policy. Defaults are rl-baselines3-zoo's tuned CartPole A2C ("rl-zoo" below)
+except where an Args field says otherwise.
 
-Implementation details (each is marked "detail N" where it happens; numbered as in ppo_cartpole.py):
- 1. Vectorized environments: `num_envs` CartPoles stepped in lockstep, one batched forward per step.
- 2. Orthogonal weight init (gain sqrt(2) hidden, 0.01 policy head, 1 value head), zero biases.
- 3. RMSProp (alpha 0.99, eps 1e-5) as in the paper, OpenAI Baselines and Stable-Baselines3, not
-    PPO's Adam: in tuning runs here (500k steps, lr 1e-3 to 3e-3, 16-32 envs, 8-16 steps) only 4 of
-    14 Adam runs ended above 475, several after falling from 500 to under 250; RMSProp learned
-    faster and 4 of 5 seeds ended at 500 with the settings below and gamma 0.99.
+Implementation details, numbered as in "The 37 Implementation Details of PPO" and the other scripts (the
+ones A2C has), each marked "detail N" in the code:
+ 1. Vectorized envs: `num_envs` CartPoles stepped in lockstep, one batched forward per step.
+ 2. Orthogonal init (gain sqrt(2) hidden, 0.01 policy head, 1 value head), zero biases.
+ 3. The optimizer: RMSProp (alpha 0.99, eps 1e-5) as in the paper, Baselines and Stable-Baselines3, not
+    PPO's Adam (why: docs/results/a2c.md#why-these-defaults).
  4. Learning rate annealed linearly to 0 over training.
- 5. n-step returns: each step's return sums the rewards up to the end of the rollout (at most
-    `num_steps`) and bootstraps with the critic there; `--gae` uses GAE(gamma, gae_lambda) instead
-    (gae_lambda=1 gives exactly the n-step returns).
- 6. One gradient step per rollout, on the whole batch: no epochs, no minibatches.
+ 5. n-step returns to the end of the rollout (at most `num_steps`), bootstrapped with the critic;
+    `--gae` uses GAE(gamma, gae_lambda) instead (gae_lambda=1 gives exactly the n-step returns).
+ 6. In place of minibatch epochs: one gradient step per rollout, on the whole batch.
  7. Advantage normalization over the batch: optional (`--norm-adv`), off as in Stable-Baselines3.
- 8. Vanilla policy-gradient loss -A * log pi: no ratio, no clipping.
- 9. Plain squared-error value loss, weighted by `vf_coef`: 0.5 * MSE * vf_coef, as in ppo_cartpole.py and
-    CleanRL. Stable-Baselines3's A2C (whose tuned vf_coef 0.5 we use) weighs MSE * vf_coef, without the 0.5,
-    so at the same vf_coef the critic's gradient here is half of SB3's.
-10. Entropy bonus.
+10. One loss: the vanilla policy-gradient loss, the entropy bonus and the critic's squared error.
 11. Global gradient-norm clipping.
-12. Debug variable: explained_var (how much of the returns' variance the critic explains).
-13. Separate actor and critic networks (no shared trunk).
-Beyond the paper and Baselines:
-14. Correct on gymnasium 1.x: SAME_STEP autoreset, so the observation after a step that ended an
-    episode is the first of the next episode and the finished one's last state arrives in
-    `infos["final_obs"]`; no stored transition spans two episodes; episode statistics come from
-    the vector `RecordEpisodeStatistics` wrapper and are logged.
-15. Truncation is not termination: an episode cut by the 500-step time limit is bootstrapped with
-    the value of its final observation; only a real termination zeroes the bootstrap.
-16. One torch thread by default (`--num-threads`): on a 2-core machine the default thread pool makes
-    a small MLP 3-40x slower whenever anything else runs.
-17. `--save-model` saves the agent to runs/<run_name>/agent.pt; `--eval-episodes` evaluates the
-    greedy policy after training; `--eval-checkpoint` evaluates a saved agent without training.
-
-Defaults: rl-baselines3-zoo's tuned CartPole A2C is 8 envs x 5 steps, lr 7e-4 (RMSProp), gamma 0.99,
-n-step returns (gae_lambda 1), vf_coef 0.5, max_grad_norm 0.5, no entropy bonus, 500k steps: 12.5k
-gradient steps, too slow on 2 CPU cores. Here 32 envs x 8 steps (2k gradient steps in 500k env
-steps, and the per-step Python overhead shared by 32 envs) with lr 2e-3 annealed to 0 and gamma
-0.98 (as ppo_cartpole.py), otherwise the same. With gamma 0.99 one of five tuning seeds fell from
-500 to ~150 and stayed there, its critic explaining none of the returns' variance (values near 100
-are a long way for a freshly initialized critic in 2k small RMSProp steps); with 0.98 (values near
-50) that seed fell too but recovered, and ended at 500.
+12. Debug variable: explained_var, how much of the returns' variance the critic explains.
+13. Separate actor and critic networks.
+Gymnasium 1.x correctness, marked "detail G1".."G3":
+G1. SAME_STEP autoreset: the observation after an episode's last step is the next episode's first; the
+    finished episode's last observation is in infos["final_obs"], so no transition spans two episodes.
+G2. Truncation is not termination: an episode cut by the time limit is bootstrapped with V(final_obs); a
+    termination zeroes the bootstrap; a done stops the return (and GAE) recursion.
+G3. Episode statistics from the vector RecordEpisodeStatistics wrapper.
 """
 
 import os
@@ -106,7 +86,7 @@ class Args:
     eval_episodes: int = 10
     """episodes of the greedy policy to evaluate after training (0: no evaluation)"""
     eval_checkpoint: str | None = None
-    """path to a saved agent.pt: evaluate it for --eval-episodes episodes and exit, no training"""
+    """path to an agent.pt saved by --save-model: evaluate it for --eval-episodes episodes, no training"""
 
     # environment
     env_id: str = "CartPole-v1"
@@ -114,17 +94,17 @@ class Args:
     total_timesteps: int = 500_000
     """total environment steps of the experiment (summed over all envs)"""
     num_envs: int = 32
-    """the number of parallel environments"""
+    """the number of parallel environments (rl-zoo: 8; more envs share the per-step Python overhead)"""
     num_steps: int = 8
-    """the number of steps run in each environment per rollout (the n of the n-step returns)"""
+    """steps per env per rollout, the n of the n-step returns (rl-zoo: 5; fewer gradient steps on 2 cores)"""
 
     # algorithm
     learning_rate: float = 2e-3
-    """the learning rate of the optimizer"""
+    """the learning rate of RMSProp (rl-zoo: 7e-4; larger for the fewer, larger batches here)"""
     anneal_lr: bool = True
-    """anneal the learning rate linearly to 0"""
+    """anneal the learning rate linearly to 0 (rl-zoo: constant; annealed as in ppo_cartpole.py)"""
     gamma: float = 0.98
-    """the discount factor gamma"""
+    """the discount factor gamma (rl-zoo: 0.99; why: docs/results/a2c.md#why-these-defaults)"""
     gae: bool = False
     """use generalized advantage estimation (gamma, gae_lambda) instead of n-step returns"""
     gae_lambda: float = 0.95
@@ -134,7 +114,7 @@ class Args:
     ent_coef: float = 0.0
     """coefficient of the entropy bonus"""
     vf_coef: float = 0.5
-    """coefficient of the value loss"""
+    """coefficient of the value loss 0.5 * MSE as in ppo_cartpole.py (SB3's is MSE: twice the gradient)"""
     max_grad_norm: float = 0.5
     """the maximum norm of the global gradient"""
 
@@ -151,31 +131,30 @@ def check_args(args: Args) -> None:
     def fail(msg):
         raise SystemExit(f"error: {msg}")
 
-    for flag in ("total_timesteps", "num_envs", "num_steps"):
-        if getattr(args, flag) <= 0:
+    for flag in ("total_timesteps", "num_envs", "num_steps", "num_threads", "learning_rate"):
+        if not getattr(args, flag) > 0:
             fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
-    if not 0.0 <= args.gamma <= 1.0:
-        fail(f"--gamma must be in [0, 1], got {args.gamma}")
-    if not 0.0 <= args.gae_lambda <= 1.0:
-        fail(f"--gae-lambda must be in [0, 1], got {args.gae_lambda}")
+    if not 0.0 < args.gamma <= 1.0:
+        fail(f"--gamma must be in (0, 1], got {args.gamma}")
+    if not 0.0 < args.gae_lambda <= 1.0:
+        fail(f"--gae-lambda must be in (0, 1], got {args.gae_lambda}")
     if args.eval_episodes < 0:
         fail(f"--eval-episodes must be >= 0, got {args.eval_episodes}")
-    if args.num_threads <= 0:
-        fail(f"--num-threads must be positive, got {args.num_threads}")
     if args.eval_checkpoint is not None and not os.path.isfile(args.eval_checkpoint):
-        fail(f"--eval-checkpoint {args.eval_checkpoint} does not exist; pass the path of a saved agent.pt")
+        fail(f"--eval-checkpoint {args.eval_checkpoint} is not a file; pass the path of a saved agent.pt")
     try:
         env = gym.make(args.env_id)
     except gym.error.Error as e:
-        fail(f"--env-id {args.env_id} cannot be made ({e.__class__.__name__}); pass a registered gymnasium id")
+        fail(f"--env-id {args.env_id} cannot be made ({e.__class__.__name__}); "
+             "pass a registered gymnasium id")
     action_space, observation_space = env.action_space, env.observation_space
     env.close()
     if not isinstance(action_space, gym.spaces.Discrete):
         fail(f"--env-id {args.env_id} has a {type(action_space).__name__} action space; this script needs "
              "a Discrete one (use ppo_walker2d.py for continuous actions)")
     if not isinstance(observation_space, gym.spaces.Box) or len(observation_space.shape) != 1:
-        fail(f"--env-id {args.env_id} has {observation_space} observations; this script's MLP needs flat (1-d) "
-             "Box observations")
+        fail(f"--env-id {args.env_id} has {observation_space} observations; "
+             "this script's MLP needs flat (1-d) Box observations")
     args.batch_size = args.num_envs * args.num_steps
     # round up, so that a run takes at least --total-timesteps steps
     args.num_iterations = -(-args.total_timesteps // args.batch_size)
@@ -189,7 +168,7 @@ def make_env(env_id: str):
 
 
 def make_vector_env(env_id: str, num_envs: int):
-    # detail 1 and 14: lockstep envs that reset inside the step that ends an episode (SAME_STEP),
+    # detail 1, G1, G3: lockstep envs that reset inside the step that ends an episode (SAME_STEP),
     # with episode returns and lengths recorded on the vector env
     envs = gym.vector.SyncVectorEnv(
         [make_env(env_id) for _ in range(num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
@@ -227,7 +206,7 @@ class Agent(nn.Module):
         return self.critic(x).squeeze(-1)
 
     def get_action_and_value(self, x, action=None):
-        # validate_args=False skips per-call argument checks that cost ~15% of a small update step
+        # speed: validate_args=False skips per-call argument checks, a sizeable share of a small update
         probs = Categorical(logits=self.actor(x), validate_args=False)
         if action is None:
             action = probs.sample()
@@ -250,7 +229,7 @@ def compute_returns(rewards, next_values, terminations, dones, gamma):
     returns = torch.zeros_like(rewards)
     next_return = next_values[-1]
     for t in reversed(range(rewards.shape[0])):
-        # detail 15: only a true termination zeroes the bootstrap; a truncation keeps next_values
+        # detail G2: only a true termination zeroes the bootstrap; a truncation keeps next_values
         next_return = torch.where(dones[t].bool(), next_values[t], next_return)
         next_return = rewards[t] + gamma * (1.0 - terminations[t]) * next_return
         returns[t] = next_return
@@ -258,7 +237,7 @@ def compute_returns(rewards, next_values, terminations, dones, gamma):
 
 
 def compute_gae(rewards, values, next_values, terminations, dones, gamma, gae_lambda):
-    """Generalized advantage estimates for a rollout of shape (num_steps, num_envs), as in ppo_cartpole.py.
+    """Generalized advantage estimates (detail 5) for a rollout of shape (num_steps, num_envs), as in PPO.
 
     With gae_lambda=1 the returns are exactly compute_returns' (the rollout sets next_values[t] =
     values[t+1] inside an episode, so the TD residuals telescope); with gae_lambda=0 they are one-step.
@@ -266,7 +245,7 @@ def compute_gae(rewards, values, next_values, terminations, dones, gamma, gae_la
     advantages = torch.zeros_like(rewards)
     lastgaelam = torch.zeros_like(rewards[0])
     for t in reversed(range(rewards.shape[0])):
-        # detail 15: only a true termination zeroes the bootstrap; a truncation keeps next_values
+        # detail G2: only a true termination zeroes the bootstrap; a truncation keeps next_values
         delta = rewards[t] + gamma * (1.0 - terminations[t]) * next_values[t] - values[t]
         lastgaelam = delta + gamma * gae_lambda * (1.0 - dones[t]) * lastgaelam
         advantages[t] = lastgaelam
@@ -274,12 +253,12 @@ def compute_gae(rewards, values, next_values, terminations, dones, gamma, gae_la
 
 
 def policy_loss(newlogprob, advantages):
-    """Vanilla policy-gradient loss (detail 8): its gradient is -mean(A * grad log pi)."""
+    """Vanilla policy-gradient loss: its gradient is -mean(A * grad log pi)."""
     return -(advantages * newlogprob).mean()
 
 
 def value_loss(newvalue, returns):
-    """Squared-error value loss (detail 9)."""
+    """Squared-error value loss of the critic."""
     return 0.5 * ((newvalue - returns) ** 2).mean()
 
 
@@ -302,15 +281,27 @@ def evaluate(agent, env_id, episodes, seed, device):
 
 
 def load_agent(path, device):
-    checkpoint = torch.load(path, map_location=device, weights_only=True)
-    agent = Agent(checkpoint["obs_dim"], checkpoint["n_actions"]).to(device)
-    agent.load_state_dict(checkpoint["model"])
+    """The agent and checkpoint that save_agent wrote to `path`; a one-line error for any other file."""
+    try:
+        checkpoint = torch.load(path, map_location=device, weights_only=True)
+    except Exception as e:  # truncated, corrupt, or not written by torch.save
+        raise SystemExit(f"error: --eval-checkpoint {path} cannot be read ({e.__class__.__name__}); "
+                         "the file is truncated or corrupt: pass an agent.pt saved by --save-model")
+    try:  # e.g. ppo_walker2d.py's agent.pt holds a Gaussian policy and act_dim, not n_actions
+        agent = Agent(checkpoint["obs_dim"], checkpoint["n_actions"]).to(device)
+        agent.load_state_dict(checkpoint["model"])  # raises on missing, unexpected or mis-shaped weights
+        gym.spec(checkpoint["env_id"])
+    except Exception as e:
+        script = os.path.basename(__file__)
+        raise SystemExit(f"error: --eval-checkpoint {path} is not an agent.pt of {script} "
+                         f"({e.__class__.__name__}); pass one saved by {script} --save-model")
     return agent, checkpoint
 
 
 def save_agent(agent, args, obs_dim, n_actions, run_dir):
     path = os.path.join(run_dir, "agent.pt")
-    checkpoint = {"model": agent.state_dict(), "obs_dim": obs_dim, "n_actions": n_actions, "env_id": args.env_id}
+    checkpoint = {"model": agent.state_dict(), "obs_dim": obs_dim, "n_actions": n_actions,
+                  "env_id": args.env_id}
     torch.save(checkpoint, path)
     print(f"agent saved to {path}")
 
@@ -318,7 +309,7 @@ def save_agent(agent, args, obs_dim, n_actions, run_dir):
 def main(args: Args) -> dict:
     # 1. setup
     check_args(args)
-    torch.set_num_threads(args.num_threads)  # detail 16
+    torch.set_num_threads(args.num_threads)  # speed: one thread is fastest for a small MLP on a busy machine
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
@@ -346,7 +337,7 @@ def main(args: Args) -> dict:
     obs_dim = envs.single_observation_space.shape[0]
     n_actions = int(envs.single_action_space.n)
     agent = Agent(obs_dim, n_actions).to(device)
-    # detail 3: RMSProp, eps 1e-5 (foreach=True updates all parameters in one batched call: ~2x faster here)
+    # detail 3: RMSProp, eps 1e-5 (speed: foreach=True updates all parameters in one batched call)
     optimizer = optim.RMSprop(agent.parameters(), lr=args.learning_rate, alpha=0.99, eps=1e-5, foreach=True)
 
     obs = torch.zeros((args.num_steps, args.num_envs, obs_dim), device=device)
@@ -355,7 +346,7 @@ def main(args: Args) -> dict:
     terminations = torch.zeros((args.num_steps, args.num_envs), device=device)
     dones = torch.zeros((args.num_steps, args.num_envs), device=device)
     values = torch.zeros((args.num_steps, args.num_envs), device=device)
-    # observations that ended an episode by truncation, kept for the bootstrap (detail 15)
+    # detail G1, G2: the last observation of an episode cut by the time limit, for its bootstrap
     final_obs = torch.zeros((args.num_steps, args.num_envs, obs_dim), device=device)
 
     episodic_returns, eval_returns = [], []
@@ -369,7 +360,7 @@ def main(args: Args) -> dict:
                 lrnow = (1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate
                 optimizer.param_groups[0]["lr"] = lrnow
 
-            # 2. rollout
+            # 2. rollout (detail 1)
             for step in range(args.num_steps):
                 global_step += args.num_envs
                 obs[step] = next_obs
@@ -384,16 +375,17 @@ def main(args: Args) -> dict:
                 next_obs = torch.as_tensor(next_obs_np, dtype=torch.float32, device=device)
                 for i in np.flatnonzero(truncated & ~terminated):
                     final_obs[step, i] = torch.as_tensor(infos["final_obs"][i], device=device)
-                if "_episode" in infos:
+                if "_episode" in infos:  # detail G3
                     for i in np.flatnonzero(infos["_episode"]):
                         episodic_return = float(infos["episode"]["r"][i])
                         episodic_returns.append(episodic_return)
                         writer.add_scalar("charts/episodic_return", episodic_return, global_step)
-                        writer.add_scalar("charts/episodic_length", int(infos["episode"]["l"][i]), global_step)
+                        episodic_length = int(infos["episode"]["l"][i])
+                        writer.add_scalar("charts/episodic_length", episodic_length, global_step)
 
             # 3. advantages (no_grad, not inference_mode: the advantages are used in the loss below)
             with torch.no_grad():
-                # the state after step t is obs[t + 1] unless the episode ended at t (detail 14)
+                # detail G1, G2: the state after step t is obs[t + 1] unless the episode ended at t
                 next_values = torch.cat([values[1:], agent.get_value(next_obs).unsqueeze(0)])
                 cut = (dones * (1.0 - terminations)).bool()
                 if cut.any():
