@@ -217,15 +217,10 @@ class Agent(nn.Module):
 
 
 def compute_returns(rewards, next_values, terminations, dones, gamma):
-    """n-step returns for a rollout of shape (num_steps, num_envs).
-
-    returns[t] is the discounted sum of the rewards from t to the end of t's episode or of the
-    rollout, whichever comes first, plus gamma^k times the value of the state reached there.
-    next_values[t] is the value of the state reached after step t (the final observation's value if
-    the episode ended at t). terminations[t] zeroes that bootstrap (the episode really ended);
-    dones[t] (termination or truncation) stops the recursion: step t+1 belongs to a new episode.
-    The last step of the rollout is bootstrapped with next_values.
-    """
+    """n-step returns for a rollout of shape (num_steps, num_envs): the discounted rewards from t to the end
+    of t's episode or of the rollout, plus gamma^k * next_values there (the value of the state reached, the
+    final observation's if the episode ended). terminations[t] zeroes that bootstrap (the episode really
+    ended); dones[t] (termination or truncation) stops the recursion: step t+1 belongs to a new episode."""
     returns = torch.zeros_like(rewards)
     next_return = next_values[-1]
     for t in reversed(range(rewards.shape[0])):

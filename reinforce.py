@@ -215,14 +215,10 @@ class Agent(nn.Module):
 
 
 def compute_returns(rewards, next_values, terminations, dones, gamma):
-    """Discounted reward-to-go for steps of shape (num_steps, num_envs) that hold complete episodes.
-
-    returns[t] is the discounted sum of the rewards from t to the end of t's episode, plus gamma^k
-    times the value of the state reached there. next_values[t] is that value when the episode ended
-    at t (the final observation's value, or 0 without a baseline). terminations[t] zeroes it (the
-    episode really ended); dones[t] (termination or truncation) stops the recursion: step t+1 belongs
-    to a new episode. The code is a2c.py's n-step return: here every episode ends inside the batch.
-    """
+    """Discounted reward-to-go for steps of shape (num_steps, num_envs) that hold complete episodes: the
+    rewards from t to the end of t's episode, plus gamma^k * next_values there (the final observation's value,
+    or 0 without a baseline). terminations[t] zeroes that bootstrap; dones[t] stops the recursion (step t+1
+    belongs to a new episode). The code is a2c.py's n-step return: every episode ends inside the batch."""
     returns = torch.zeros_like(rewards)
     next_return = next_values[-1]
     for t in reversed(range(rewards.shape[0])):
