@@ -1,16 +1,15 @@
 """Token-level PPO on a causal language model (GPT-2 by default) with a KL penalty: RLHF, every detail.
 
-The same PPO as `ppo_walker2d.py`, seen through a language model: the state is the query (prompt) plus the
-response tokens so far, the action is the next token, the policy is the language model, and one episode is
-one response, which ends at its first stop token (or after `response_length` tokens). The reward comes from
-a reward model at the end of the response, minus a per-token KL penalty against a frozen reference model.
-Four models: the policy (trained), the reference policy (a frozen copy of the initial policy), the value
-model (a separate transformer backbone with a scalar head, trained) and the reward model (frozen; by default
-a sentiment classifier: make the LM continue movie-review openings positively, the sentiment task of
-OpenAI's lm-human-preferences).
+The PPO of `ppo_walker2d.py` seen through a language model: the state is the query (prompt) plus the response
+tokens so far, the action is the next token, the policy is the language model, and an episode is one
+response, which ends at its first stop token (or after `response_length` tokens). The reward is the reward
+model's score at the end of the response minus a per-token KL penalty against a frozen reference model.
+Four models: the policy and the value model (its own backbone with a scalar head), both trained; the
+reference (a frozen copy of the initial policy) and the reward model (frozen; by default a sentiment
+classifier: continue movie-review openings positively, the sentiment task of OpenAI's lm-human-preferences).
 
 Papers: Ziegler et al. 2019, "Fine-Tuning Language Models from Human Preferences" (arXiv:1909.08593);
-Huang et al. 2024, "The N+ Implementation Details of RLHF with PPO" (arXiv:2403.17031).
+Huang et al. 2024, "The N+ Implementation Details of RLHF with PPO" (arXiv:2403.17031);
 PPO: Schulman et al. 2017 (arXiv:1707.06347); GAE: Schulman et al. 2016 (arXiv:1506.02438).
 
 Usage:
@@ -20,45 +19,49 @@ Usage:
     tensorboard --logdir runs
 
 What the code computes (t is a response token; "real" tokens are those up to and including the stop token):
-    pi(a_t | s_t)      = softmax(logits_t / temperature)[a_t]; logprobs / ref_logprobs: policy / reference
-    kl_t               = logprobs_t - ref_logprobs_t   (k1; k3: (q - 1) - log q with q = pi_ref / pi)
-    rewards_t          = -kl_coef * kl_t (non_score_reward), plus scores at the last real token
-    delta_t            = rewards_t + gamma * values_{t+1} - values_t       (values after the last real token: 0)
-    advantages_t       = delta_t + gamma * gae_lambda * advantages_{t+1},   returns_t = advantages_t + values_t
-    ratio              = exp(newlogprob - logprobs)
-    pg_loss            = mean over real tokens of max(-A * ratio, -A * clip(ratio, 1 - clip_coef, 1 + clip_coef))
-    v_loss             = 0.5 * mean over real tokens of max((V - R)^2, (values + clip(V - values) - R)^2)
-    loss               = pg_loss + vf_coef * v_loss                        (no entropy bonus)
+    pi(a_t | s_t) = softmax(logits_t / temperature)[a_t]     (logprobs: log pi; ref_logprobs: the reference's)
+    kl_t          = logprobs_t - ref_logprobs_t   (k1; k3: (q - 1) - log q with q = pi_ref / pi)
+    rewards_t     = -kl_coef * kl_t (non_score_reward), plus scores at the last real token
+    delta_t       = rewards_t + gamma * values_{t+1} - values_t       (values after the last real token: 0)
+    advantages_t  = delta_t + gamma * gae_lambda * advantages_{t+1},  returns_t = advantages_t + values_t
+    ratio         = exp(newlogprob - logprobs)
+    pg_loss       = mean over real tokens of max(-A * ratio, -A * clip(ratio, 1 - clip_coef, 1 + clip_coef))
+    v_loss        = 0.5 * mean over real tokens of max((V - R)^2, (values + clip(V - values) - R)^2)
+    loss          = pg_loss + vf_coef * v_loss                        (no entropy bonus)
 
-Implementation details (the code marks each one as "detail N"):
- 1. Pad token distinct from EOS, never fed to a model and never sampled (masked out of the logits).
- 2. Left padding of the queries, so every query ends in the same column and generation appends after it.
- 3. Position ids computed from the attention mask in every forward pass.
- 4. Logits divided by the sampling temperature in every forward pass (policy and reference).
- 5. Pure sampling (no top-k, no top-p), with the log-probs recorded from the sampling logits.
- 6. Dropout off in all models: eval mode everywhere, also during the update.
- 7. Truncation after the first stop token (--stop-token) found at or after --min-response-length tokens:
-    everything after it is padding, masked out of the KL, the values, the advantages and the losses.
- 8. The EOS trick: a response without that stop token gets --missing-eos-penalty instead of its score.
- 9. Reward normalization: the scores are scaled and shifted once, before training, so that the initial
-    policy's have mean 0 and std 1; optional masked whitening of the per-token rewards.
-10. Per-token KL penalty against the frozen reference model, and the score added at the last real token.
-11. KL coefficient fixed (--kl-coef) or adaptive (--kl-target, --kl-horizon), clamped so it stays positive.
-12. Value model: a separate backbone (a copy of the policy's, or --value-model) with a zero-initialised
-    scalar head, read at the position before each token, like the logits that sampled it.
-13. GAE with gamma = 1 and lambda = 0.95 over the real tokens of each response; no bootstrap after it.
-14. Advantage whitening over the whole batch, masked (padding does not enter the mean and the std).
-15. Clipped policy loss, averaged over real tokens; no entropy bonus.
-16. Clipped value loss.
-17. Several PPO epochs over shuffled minibatches; a minibatch may be split into micro-batches whose
-    gradients are accumulated, each weighted by its share of the minibatch's real tokens.
-18. One loss and one Adam (eps = 1e-5) over the policy and the value model, global gradient-norm
-    clipping, learning rate decayed linearly to 0.
-19. The rollout's no-grad passes run under torch.inference_mode, in chunks, without a KV cache.
+Implementation details, numbered as in every PPO file here (1-13: "The 37 Implementation Details of PPO";
+23 on: those of RLHF, after the N+ paper); the code marks each one as "detail N" where it happens:
+ 1. A batch of prompts plays the part of the vectorized envs: one response (episode) per query.
+ 2. The value head starts at zero (as in lm-human-preferences), so the first values are 0, not noise.
+ 3. Adam with eps = 1e-5.       4. The learning rate decays linearly to 0.
+ 5. GAE over the real tokens of each response, no bootstrap after the last one.
+ 6. Epochs over shuffled minibatches; a minibatch may be split into micro-batches whose gradients are
+    accumulated, each weighted by its share of the minibatch's real tokens.
+ 7. Advantage whitening over the whole batch, masked (padding enters neither the mean nor the std).
+ 8. Clipped surrogate objective.       9. Clipped value loss.       (both averaged over real tokens)
+10. One loss, no entropy bonus, and one Adam over the policy and the value model.
+11. Global gradient-norm clipping.     12. Debug variables: approx_kl, clipfrac, explained variance.
+13. Separate policy and value networks: the value model has its own backbone (the policy's copied, or
+    --value-model).
+23. A pad token distinct from EOS, never fed to a model and never sampled (masked out of the logits).
+24. Left padding of the queries: every query ends in the same column and the response follows it.
+25. Position ids computed from the attention mask in every forward pass.
+26. Logits divided by the sampling temperature in every forward pass (policy and reference).
+27. Pure sampling (no top-k, no top-p), the log-probs recorded from the sampling logits.
+28. Dropout off in all models: eval mode everywhere, also during the update.
+29. Truncation after the first stop token at or after --min-response-length tokens: what follows is
+    padding, masked out of the KL, the values, the advantages and the losses.
+30. The EOS trick: a response without that stop token gets --missing-eos-penalty instead of its score.
+31. Reward normalization: the scores scaled and shifted once, before training, to mean 0 and std 1 on the
+    initial policy's samples; optional masked whitening of the per-token rewards.
+32. Per-token KL penalty against the frozen reference model, the score added at the last real token.
+33. KL coefficient fixed (--kl-coef) or adaptive (--kl-target, --kl-horizon), clamped so it stays positive.
+34. The value of token t read at the position before it, where the logits that sampled t are read.
 """
 
 import copy
 import importlib.util
+import json
 import os
 import random
 import time
@@ -94,7 +97,7 @@ class Args:
     log_samples_every: int = 10
     """log a text table of sample (query, response, score) every this many iterations"""
     eval_episodes: int = 256
-    """responses sampled on the held-out prompts to score the initial and the final policy (0: no evaluation)"""
+    """responses sampled on held-out prompts to score the initial and the final policy (0: no evaluation)"""
     eval_checkpoint: str | None = None
     """a folder written by --save-model: only evaluate that policy on the held-out prompts, no training"""
 
@@ -102,19 +105,21 @@ class Args:
     model_name: str = "gpt2"
     """the policy: a causal LM id or local directory (AutoModelForCausalLM)"""
     value_model: str | None = None
-    """the value model's backbone, e.g. the reward model's folder (N+ paper); default: a copy of the policy's"""
+    """the value model's backbone (the N+ paper: the reward model's); default: a copy of the policy's"""
     reward_model: str = "lvwerra/distilbert-imdb"
-    """a sequence-classification model id or folder, `vader` (lexicon sentiment) or `length` (characters)"""
+    """a sequence-classification model id or folder, `vader` (lexicon sentiment) or `length` (characters);
+    the default is TRL's sentiment classifier (lm-human-preferences trains one on human labels)"""
     reward_label: int = 1
     """index of the reward model's logit used as the score (1 = POSITIVE for lvwerra/distilbert-imdb)"""
     prompts_file: str | None = None
     """a text file with one prompt per line (default: the built-in movie-review openings)"""
     max_query_length: int = 32
-    """queries longer than this many tokens are truncated from the left"""
+    """queries longer than this many tokens are truncated from the left (lm-human-preferences: 64 tokens
+    of books; the built-in prompts are shorter)"""
     response_length: int = 24
     """number of tokens sampled for each response"""
     min_response_length: int = 16
-    """a stop token earlier than this many tokens does not end the response (lm-human-preferences: 16 of 24)"""
+    """a stop token earlier than this many tokens does not end the response"""
     temperature: float = 0.7
     """sampling temperature; the policy is softmax(logits / temperature)"""
     stop_token: str = "."
@@ -122,11 +127,12 @@ class Args:
 
     # algorithm
     total_episodes: int = 10_000
-    """total number of responses sampled during training"""
+    """total number of responses sampled during training (lm-human-preferences: 1M, on 8 GPUs)"""
     batch_size: int = 64
-    """number of episodes (query + response) per iteration: the PPO batch"""
+    """episodes (query + response) per iteration (lm-human-preferences: 512 on 8 GPUs, 64 on each)"""
     num_minibatches: int = 4
-    """the number of minibatches each batch is split into per epoch"""
+    """the number of minibatches each batch is split into per epoch (lm-human-preferences: 1; more, smaller
+    steps for one device's batch: docs/results/ppo_rlhf_gpt2.md#why-these-defaults)"""
     gradient_accumulation_steps: int = 1
     """each minibatch is processed in this many micro-batches whose gradients are accumulated"""
     local_rollout_forward_batch_size: int = 16
@@ -134,7 +140,7 @@ class Args:
     update_epochs: int = 4
     """the K epochs to update the policy and value model per batch"""
     learning_rate: float = 1.41e-5
-    """the learning rate of the optimizer"""
+    """the learning rate of the optimizer (TRL's; lm-human-preferences: 1e-5)"""
     anneal_lr: bool = True
     """toggle learning rate annealing (linear decay to 0)"""
     gamma: float = 1.0
@@ -164,9 +170,9 @@ class Args:
     normalize_scores: bool = True
     """scale and shift the scores so that the initial policy's have mean 0 and std 1"""
     norm_batches: int = 4
-    """number of batches sampled from the initial policy to compute the score normalization"""
+    """batches sampled from the initial policy to normalize the scores (4 x 64: lm-human-preferences' 256)"""
     whiten_rewards: bool = False
-    """whiten the per-token rewards (masked, mean kept) before computing the advantages"""
+    """whiten the per-token rewards (masked, mean kept) before GAE (TRL's; lm-human-preferences: on)"""
 
     # computed in check_args
     minibatch_size: int = 0
@@ -177,76 +183,55 @@ class Args:
     """the number of iterations (computed in runtime)"""
 
 
-def check_args(args: Args) -> None:
-    """Validate the arguments and compute the derived sizes; fail before any model is loaded."""
-    for flag, value in [("--response-length", args.response_length), ("--max-query-length", args.max_query_length),
-                        ("--batch-size", args.batch_size), ("--num-minibatches", args.num_minibatches),
-                        ("--gradient-accumulation-steps", args.gradient_accumulation_steps),
-                        ("--local-rollout-forward-batch-size", args.local_rollout_forward_batch_size),
-                        ("--update-epochs", args.update_epochs), ("--norm-batches", args.norm_batches),
-                        ("--log-samples-every", args.log_samples_every), ("--num-threads", args.num_threads)]:
-        if value < 1:
-            raise SystemExit(f"error: {flag} must be at least 1 (got {value})")
-    if not 0 <= args.min_response_length < args.response_length:
-        raise SystemExit(f"error: --min-response-length {args.min_response_length} must be at least 0 and smaller "
-                         f"than --response-length {args.response_length}")
-    if args.eval_episodes < 0:
-        raise SystemExit(f"error: --eval-episodes must be at least 0 (got {args.eval_episodes})")
-    if args.temperature <= 0:
-        raise SystemExit(f"error: --temperature must be positive (got {args.temperature})")
-    if args.learning_rate <= 0:
-        raise SystemExit(f"error: --learning-rate must be positive (got {args.learning_rate})")
-    if not (0 < args.gamma <= 1 and 0 <= args.gae_lambda <= 1):
-        raise SystemExit(f"error: --gamma must be in (0, 1] and --gae-lambda in [0, 1] "
-                         f"(got {args.gamma}, {args.gae_lambda})")
-    if args.clip_coef <= 0:
-        raise SystemExit(f"error: --clip-coef must be positive (got {args.clip_coef})")
-    if args.batch_size % args.num_minibatches != 0:
-        raise SystemExit(f"error: --batch-size {args.batch_size} is not divisible by --num-minibatches "
-                         f"{args.num_minibatches}; choose a batch size that is a multiple of it")
-    args.minibatch_size = args.batch_size // args.num_minibatches
-    if args.minibatch_size % args.gradient_accumulation_steps != 0:
-        raise SystemExit(f"error: the minibatch size {args.minibatch_size} (--batch-size / --num-minibatches) is not "
-                         f"divisible by --gradient-accumulation-steps {args.gradient_accumulation_steps}")
-    args.micro_batch_size = args.minibatch_size // args.gradient_accumulation_steps
-    if args.total_episodes < args.batch_size:
-        raise SystemExit(f"error: --total-episodes {args.total_episodes} is smaller than one batch "
-                         f"(--batch-size {args.batch_size})")
-    args.num_iterations = args.total_episodes // args.batch_size
-    if args.kl_estimator not in ("k1", "k3"):
-        raise SystemExit(f"error: --kl-estimator must be k1 or k3 (got {args.kl_estimator!r})")
-    if args.kl_coef < 0:
-        raise SystemExit(f"error: --kl-coef must be at least 0 (got {args.kl_coef})")
-    if args.kl_target is not None and (args.kl_target <= 0 or args.kl_horizon < 1 or args.kl_coef <= 0):
-        raise SystemExit("error: --kl-target needs a positive target, --kl-horizon at least 1 and a positive "
-                         "--kl-coef to adapt (or pass --kl-target None for a fixed coefficient)")
-    if not args.stop_token:
-        raise SystemExit("error: --stop-token must be `eos` or a single-token string such as `.`")
-    for flag, name in [("--model-name", args.model_name), ("--reward-model", args.reward_model),
-                       ("--value-model", args.value_model), ("--eval-checkpoint", args.eval_checkpoint)]:
-        # A path (not a hub id) that does not exist fails here, without asking the network.
-        if name is not None and (os.path.isabs(name) or name.startswith((".", "~")) or flag == "--eval-checkpoint"):
-            if not os.path.isdir(os.path.expanduser(name)):
-                raise SystemExit(f"error: {flag} {name}: no such directory")
-    if args.prompts_file is not None and not os.path.isfile(args.prompts_file):
-        raise SystemExit(f"error: --prompts-file {args.prompts_file}: no such file")
-    if args.reward_model == "vader" and importlib.util.find_spec("vaderSentiment") is None:
-        raise SystemExit("error: --reward-model vader needs the vaderSentiment package (pip install vaderSentiment)")
+# ------------------------------------------------------------------------------------------------------------
+# The task: batches of queries (prompts) in, scored responses out; the rollout and the evaluation use both.
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# The models: how the policy, the reference, the value model and the reward model read (query, response) tokens.
+def query_batches(prompts: list[str], tokenizer, args: Args, device: torch.device):
+    """detail 1: batches of args.batch_size queries, one shuffled pass over the prompts after another."""
+    rng, indices = random.Random(args.seed), []
+    while True:
+        while len(indices) < args.batch_size:
+            order = list(range(len(prompts)))
+            rng.shuffle(order)
+            indices += order
+        batch, indices = [prompts[i] for i in indices[: args.batch_size]], indices[args.batch_size :]
+        yield tokenize_queries(tokenizer, batch, args.max_query_length, device)
+
+
+def tokenize_queries(tokenizer, prompts: list[str], max_query_length: int, device) -> torch.Tensor:
+    # detail 24: the tokenizer pads (and truncates) on the left
+    return tokenizer(prompts, padding=True, truncation=True, max_length=max_query_length,
+                     return_tensors="pt")["input_ids"].to(device)
+
+
+def sample_and_score(policy, queries, tokenizer, stop_token_id: int, reward_fn, args: Args):
+    """Returns responses (truncated after the stop token), logprobs, padding_mask (True after the last real
+    token), contain_stop and the raw scores of the reward function, which reads text."""
+    pad_token_id = tokenizer.pad_token_id
+    responses, logprobs = generate(policy, queries, args.response_length, args.temperature, pad_token_id)
+    responses, padding_mask, contain_stop = truncate_after_stop_token(responses, stop_token_id, pad_token_id,
+                                                                      args.min_response_length)
+    texts = tokenizer.batch_decode(torch.cat([queries, responses], dim=1), skip_special_tokens=True)
+    response_texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
+    chunk = args.local_rollout_forward_batch_size  # the reward model's passes in chunks, to bound memory
+    raw_scores = torch.cat([reward_fn(texts[i : i + chunk], response_texts[i : i + chunk])
+                            for i in range(0, len(texts), chunk)])
+    return responses, logprobs, padding_mask, contain_stop, raw_scores
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The networks: how the policy, the reference and the value model read (query, response) tokens.
 
 
 class ValueModel(nn.Module):
-    """V(s_t): a transformer backbone with a scalar head on every position."""
+    """detail 13: V(s_t), a transformer backbone of its own with a scalar head on every position."""
 
     def __init__(self, backbone: nn.Module, hidden_size: int):
         super().__init__()
         self.backbone = backbone
         self.head = nn.Linear(hidden_size, 1)
-        # detail 12: the head starts at 0 (lm-human-preferences), so the first values are 0, not noise
-        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.weight)  # detail 2: the first values are 0, not noise
         nn.init.zeros_(self.head.bias)
 
     def forward(self, **inputs) -> torch.Tensor:
@@ -256,28 +241,29 @@ class ValueModel(nn.Module):
 def model_inputs(query_responses: torch.Tensor, pad_token_id: int) -> dict:
     """The inputs of every forward pass over (left-padded query, response) token ids, except generation's."""
     attention_mask = query_responses != pad_token_id
-    # detail 3: position ids from the attention mask: the first real token is at position 0 whatever the padding
+    # detail 25: position ids from the attention mask: the first real token is at 0 whatever the padding
     position_ids = attention_mask.cumsum(1) - attention_mask.long()
-    # detail 1: the pad id may be outside the vocabulary; padded positions are masked out, so any id will do
+    # detail 23: the pad id may be outside the vocabulary; padded positions are masked out, any id will do
     input_ids = query_responses.masked_fill(~attention_mask, 0)
-    # detail 19: one pass over the whole sequence needs no KV cache
-    return dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+    # use_cache=False: one pass over the whole sequence needs no KV cache (less memory)
+    return dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                use_cache=False)
 
 
 def scale_logits(logits: torch.Tensor, temperature: float, pad_token_id: int) -> torch.Tensor:
-    """detail 4: the policy is softmax(logits / temperature), in every forward pass."""
+    """detail 26: the policy is softmax(logits / temperature), in every forward pass."""
     logits = logits / temperature
     if pad_token_id < logits.shape[-1]:
-        # detail 1: a pad id inside the vocabulary is never a valid action (it would be read as padding)
+        # detail 23: a pad id inside the vocabulary is never a valid action (it would be read as padding)
         logits[..., pad_token_id] = torch.finfo(logits.dtype).min
     return logits
 
 
 def response_logits(model, query_responses: torch.Tensor, context_length: int, temperature: float,
                     pad_token_id: int) -> torch.Tensor:
-    """Scaled logits of the distributions the response tokens were sampled from: (batch, response_length, vocab)."""
-    # The logits at position i predict token i + 1: the response tokens are predicted at positions
-    # context_length - 1 ... L - 2, and only those go through the (vocabulary-sized) output layer.
+    """Scaled logits of the distributions the response tokens were sampled from: (batch, response_length,
+    vocab). The logits at position i predict token i + 1, so the response tokens are predicted at positions
+    context_length - 1 ... L - 2; only those go through the (vocabulary-sized) output layer."""
     positions = torch.arange(context_length - 1, query_responses.shape[1] - 1, device=query_responses.device)
     output = model(**model_inputs(query_responses, pad_token_id), logits_to_keep=positions)
     return scale_logits(output.logits, temperature, pad_token_id)
@@ -285,7 +271,7 @@ def response_logits(model, query_responses: torch.Tensor, context_length: int, t
 
 def response_values(value_model, query_responses: torch.Tensor, context_length: int,
                     pad_token_id: int) -> torch.Tensor:
-    """detail 12: V(s_t) for each response token t, read where the logits that sampled token t are read."""
+    """detail 34: V(s_t) for each response token t, read where the logits that sampled token t are read."""
     return value_model(**model_inputs(query_responses, pad_token_id))[:, context_length - 1 : -1]
 
 
@@ -293,12 +279,11 @@ def gather_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return logits.log_softmax(-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
-@torch.inference_mode()  # detail 19
+@torch.inference_mode()  # no autograd bookkeeping: faster, less memory
 def generate(policy, queries: torch.Tensor, response_length: int, temperature: float, pad_token_id: int):
-    """Sample response_length tokens after each left-padded query, with the KV cache.
-
-    Returns the responses and the log-probs of the sampled tokens, both (batch, response_length)."""
-    inputs = model_inputs(queries, pad_token_id)  # details 2, 3: left-padded queries, positions from the mask
+    """Sample response_length tokens after each left-padded query, with the KV cache. Returns the responses
+    and the log-probs of the sampled tokens, both (batch, response_length)."""
+    inputs = model_inputs(queries, pad_token_id)  # details 24, 25: left padding, positions from the mask
     attention_mask, position_ids = inputs["attention_mask"], inputs["position_ids"]
     input_ids, past_key_values = inputs["input_ids"], None
     responses, logprobs = [], []
@@ -306,8 +291,8 @@ def generate(policy, queries: torch.Tensor, response_length: int, temperature: f
         output = policy(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                         past_key_values=past_key_values, use_cache=True, logits_to_keep=1)
         past_key_values = output.past_key_values
-        logits = scale_logits(output.logits[:, -1], temperature, pad_token_id)  # detail 4
-        # detail 5: pure sampling from the full distribution (no top-k, no top-p)
+        logits = scale_logits(output.logits[:, -1], temperature, pad_token_id)  # detail 26
+        # detail 27: pure sampling from the full distribution (no top-k, no top-p)
         token = torch.multinomial(logits.softmax(-1), num_samples=1)
         responses.append(token)
         logprobs.append(gather_logprobs(logits, token.squeeze(-1)))
@@ -318,17 +303,15 @@ def generate(policy, queries: torch.Tensor, response_length: int, temperature: f
     return torch.cat(responses, dim=1), torch.stack(logprobs, dim=1)
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # The math: tensors in, tensors out (each function is tested against an explicit reference).
 
 
 def truncate_after_stop_token(responses: torch.Tensor, stop_token_id: int, pad_token_id: int,
                               min_response_length: int = 0):
-    """detail 7: keep each response up to and including its first stop token at index min_response_length
-    or later, and pad everything after it.
-
-    Returns the truncated responses, the padding mask (True after the last real token) and whether each
-    response contains such a stop token."""
+    """detail 29: keep each response up to and including its first stop token at index min_response_length
+    or later, and pad what follows. Returns the truncated responses, the padding mask (True after the last
+    real token) and whether each response contains such a stop token."""
     is_stop = responses == stop_token_id
     is_stop[:, :min_response_length] = False  # too early to end the response
     contain_stop = is_stop.any(dim=1)
@@ -353,7 +336,7 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) 
 
 
 def score_normalization(raw_scores: torch.Tensor) -> tuple[float, float]:
-    """detail 9: (gain, bias) such that gain * raw_scores + bias has mean 0 and std 1. A reward that is
+    """detail 31: (gain, bias) such that gain * raw_scores + bias has mean 0 and std 1. A reward that is
     constant on these samples has no scale to normalize: its gain is 1 (it is only shifted)."""
     std = raw_scores.std().item() if raw_scores.numel() > 1 else 0.0
     gain = 1.0 / std if std > 1e-6 else 1.0
@@ -362,14 +345,13 @@ def score_normalization(raw_scores: torch.Tensor) -> tuple[float, float]:
 
 def compute_rewards(scores, contain_stop, missing_eos_penalty, logprobs, ref_logprobs, padding_mask, kl_coef,
                     kl_estimator="k1"):
-    """Per-token rewards: -kl_coef * kl on every real token, plus the score at the last real token.
-
-    Returns rewards, kl and non_score_reward (batch, response_length), all 0 after the last real token, and
-    the scores after the EOS trick (batch,)."""
+    """Per-token rewards: -kl_coef * kl on every real token, plus the score at the last real token. Returns
+    rewards, kl and non_score_reward (batch, response_length), all 0 after the last real token, and the
+    scores after the EOS trick (batch,)."""
     if missing_eos_penalty is not None:
-        # detail 8: the EOS trick: no stop token, no reward-model score
+        # detail 30: the EOS trick: no stop token, no reward-model score
         scores = torch.where(contain_stop, scores, torch.full_like(scores, missing_eos_penalty))
-    # detail 10: per-token KL penalty against the reference policy
+    # detail 32: per-token KL penalty against the reference policy, the score at the last real token
     logr = ref_logprobs - logprobs  # log(pi_ref / pi) of the sampled token
     kl = -logr if kl_estimator == "k1" else (logr.exp() - 1) - logr
     kl = kl.masked_fill(padding_mask, 0.0)
@@ -381,10 +363,9 @@ def compute_rewards(scores, contain_stop, missing_eos_penalty, logprobs, ref_log
 
 
 def compute_gae(rewards, values, padding_mask, gamma: float, gae_lambda: float):
-    """detail 13: generalized advantage estimation over the real tokens of each response.
-
-    The episode ends at its last real token: the values after it count as 0 (no bootstrap), and the
-    rewards there are 0, so padding adds nothing. Returns advantages and returns (batch, response_length)."""
+    """detail 5: generalized advantage estimation over the real tokens of each response. The episode ends at
+    its last real token: the values after it count as 0 (no bootstrap), and the rewards there are 0, so
+    padding adds nothing. Returns advantages and returns (batch, response_length)."""
     values = values.masked_fill(padding_mask, 0.0)
     response_length = rewards.shape[1]
     advantages = torch.zeros_like(rewards)
@@ -399,7 +380,7 @@ def compute_gae(rewards, values, padding_mask, gamma: float, gae_lambda: float):
 
 
 def policy_loss(newlogprob, logprobs, advantages, mask, clip_coef: float):
-    """Clipped surrogate objective (detail 15), averaged over the real tokens (mask True), as a loss to
+    """detail 8: the clipped surrogate objective averaged over the real tokens (mask True), as a loss to
     minimize. Returns (pg_loss, ratio, logratio)."""
     logratio = newlogprob - logprobs
     ratio = logratio.exp()
@@ -410,7 +391,7 @@ def policy_loss(newlogprob, logprobs, advantages, mask, clip_coef: float):
 
 def value_loss(newvalue, values, returns, mask, clip_coef: float, clip_vloss: bool):
     """Squared-error value loss averaged over the real tokens, optionally clipped around the rollout's
-    values (detail 16)."""
+    values (detail 9)."""
     v_loss_unclipped = (newvalue - returns) ** 2
     if not clip_vloss:
         return 0.5 * masked_mean(v_loss_unclipped, mask)
@@ -419,9 +400,19 @@ def value_loss(newvalue, values, returns, mask, clip_coef: float, clip_vloss: bo
     return 0.5 * masked_mean(torch.max(v_loss_unclipped, v_loss_clipped), mask)
 
 
+def debug_variables(all_logprobs, ratio, logratio, mask, clip_coef: float) -> dict:
+    """detail 12: the policy's entropy, the KL estimates, the clip fraction and the mean ratio over the real
+    tokens, as tensors (collecting them does not wait for the device)."""
+    entropy = -(all_logprobs.exp() * all_logprobs).sum(-1)
+    return {"entropy": masked_mean(entropy, mask), "old_approx_kl": masked_mean(-logratio, mask),
+            "approx_kl": masked_mean((ratio - 1) - logratio, mask),
+            "clipfrac": masked_mean(((ratio - 1.0).abs() > clip_coef).float(), mask),
+            "ratio": masked_mean(ratio, mask)}
+
+
 def adaptive_kl_coef(kl_coef: float, kl: float, kl_target: float, kl_horizon: int, n_steps: int,
                      initial_kl_coef: float) -> float:
-    """detail 11: the proportional KL controller of Ziegler et al. (2019). Each change is at most a factor
+    """detail 33: the proportional KL controller of Ziegler et al. (2019). Each change is at most a factor
     of 2 either way, and the coefficient stays within 1/100 and 100 times its initial value, so a short
     horizon or a large batch cannot make it negative or explode."""
     proportional_error = float(np.clip(kl / kl_target - 1, -0.2, 0.2))
@@ -437,15 +428,7 @@ def diversity(responses: torch.Tensor, response_mask: torch.Tensor) -> tuple[flo
     return len(set(rows)) / len(rows), len(set(bigrams)) / max(len(bigrams), 1)
 
 
-def markdown_table(rows: list[tuple], header: tuple) -> str:
-    def cell(x):
-        return str(x).replace("|", "\\|").replace("\n", " ")
-
-    lines = ["|" + "|".join(header) + "|", "|" + "|".join("-" for _ in header) + "|"]
-    return "\n".join(lines + ["|" + "|".join(cell(x) for x in row) + "|" for row in rows])
-
-
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # Training
 
 
@@ -463,99 +446,84 @@ def main(args: Args) -> dict:
     if args.eval_checkpoint is not None:
         return evaluate_checkpoint(args, device)
 
-    run_name = f"{args.exp_name}__{args.seed}__{int(time.time())}"
-    run_dir = os.path.join(args.runs_dir, run_name)
-    prompts = load_prompts(args.prompts_file)
+    run_dir = os.path.join(args.runs_dir, f"{args.exp_name}__{args.seed}__{int(time.time())}")
+    prompts = load_prompts(args.prompts_file)  # the loading functions are below main()
     tokenizer, pad_token_id, stop_token_id = load_tokenizer(args.model_name, args.stop_token)
+    query_iter = query_batches(prompts, tokenizer, args, device)  # detail 1
     policy = load_policy(args.model_name, device)
     ref_policy = copy.deepcopy(policy).requires_grad_(False)  # the frozen reference: the initial policy
-    value_model = load_value_model(args.value_model, policy, device)  # detail 12
+    value_model = load_value_model(args.value_model, policy, device)  # detail 13
     reward_fn = load_reward_fn(args, device)
-    # detail 18: one Adam (eps 1e-5) over both trained models, as one loss trains them both.
-    # fused: one in-place kernel per tensor, faster and without full-size temporaries.
+    # details 3 and 10: one Adam (eps 1e-5) over both trained models, as one loss trains them both;
+    # fused: one in-place kernel per tensor, faster and without full-size temporaries
     trained_parameters = list(policy.parameters()) + list(value_model.parameters())
     optimizer = torch.optim.Adam(trained_parameters, lr=args.learning_rate, eps=1e-5, fused=True)
 
-    prompt_indices = prompt_stream(len(prompts), args.seed)
+    def sample(model, queries):
+        return sample_and_score(model, queries, tokenizer, stop_token_id, reward_fn, args)
 
-    def sample_queries() -> torch.Tensor:
-        batch = [prompts[next(prompt_indices)] for _ in range(args.batch_size)]
-        return tokenizer(batch, padding=True, truncation=True, max_length=args.max_query_length,
-                         return_tensors="pt")["input_ids"].to(device)
-
-    def decode(token_ids: torch.Tensor) -> list[str]:
-        return tokenizer.batch_decode(token_ids, skip_special_tokens=True)
-
-    def sample_and_score(model, queries):
-        """Responses (truncated, detail 7), their log-probs, padding mask, stop flags and raw scores."""
-        responses, logprobs = generate(model, queries, args.response_length, args.temperature, pad_token_id)
-        responses, padding_mask, contain_stop = truncate_after_stop_token(responses, stop_token_id, pad_token_id,
-                                                                          args.min_response_length)
-        chunk = args.local_rollout_forward_batch_size  # detail 19
-        raw_scores = torch.cat([score_texts(reward_fn, tokenizer, queries[i : i + chunk], responses[i : i + chunk])
-                                for i in range(0, len(queries), chunk)])
-        return responses, logprobs, padding_mask, contain_stop, raw_scores
-
-    # detail 9: reward normalization, computed once from the initial policy's samples
+    # detail 31: reward normalization, computed once from the initial policy's samples
     score_gain, score_bias = 1.0, 0.0
     if args.normalize_scores:
-        raw_scores = torch.cat([sample_and_score(policy, sample_queries())[4] for _ in range(args.norm_batches)])
+        raw_scores = torch.cat([sample(policy, next(query_iter))[4] for _ in range(args.norm_batches)])
         score_gain, score_bias = score_normalization(raw_scores)
         if score_gain == 1.0:
             print(f"the reward is constant ({raw_scores[0].item():.4g}) on the initial policy's samples: "
                   "scores are shifted to mean 0 but not scaled")
 
     writer = SummaryWriter(run_dir)
-    writer.add_text("hyperparameters", markdown_table([(k, v) for k, v in vars(args).items()], ("param", "value")))
+    writer.add_text("hyperparameters", markdown_table(list(vars(args).items()), ("param", "value")))
     eval_stats = {}
     if args.eval_episodes > 0:
-        eval_stats["initial"] = evaluate(ref_policy, tokenizer, reward_fn, args, device, pad_token_id, stop_token_id)
+        eval_stats["initial"] = evaluate(ref_policy, tokenizer, stop_token_id, reward_fn, args, device)
         writer.add_scalar("eval/raw_scores", eval_stats["initial"]["raw_score_mean"], 0)
     kl_coef = args.kl_coef
     stats, iteration, interrupted = {}, 0, False
     start_time = time.time()
     try:
         for iteration in range(1, args.num_iterations + 1):
-            if args.anneal_lr:  # detail 18: linear learning-rate decay
-                optimizer.param_groups[0]["lr"] = (1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate
+            if args.anneal_lr:  # detail 4
+                lrnow = (1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate
+                optimizer.param_groups[0]["lr"] = lrnow
 
-            # 2. rollout: sample the responses, score them with the reward model, the reference and the value model
+            # 2. rollout: the responses and their scores, the reference's log-probs and the values
             iteration_start = time.time()
-            queries = sample_queries()
+            queries = next(query_iter)
             context_length = queries.shape[1]
-            responses, logprobs, padding_mask, contain_stop, raw_scores = sample_and_score(policy, queries)
+            responses, logprobs, padding_mask, contain_stop, raw_scores = sample(policy, queries)
             response_mask = ~padding_mask
-            real_responses = responses.masked_fill(padding_mask, 0)  # pad ids may be outside the vocabulary
+            real_responses = responses.masked_fill(padding_mask, 0)  # detail 23: pad ids may be out of vocab
             query_responses = torch.cat([queries, responses], dim=1)
-            with torch.inference_mode():  # detail 19: in chunks, so no pass holds batch x length x vocab floats
+            with torch.inference_mode():  # in chunks, so that no pass holds batch x length x vocab floats
                 ref_logprobs, values = [], []
                 for i in range(0, args.batch_size, args.local_rollout_forward_batch_size):
                     chunk = slice(i, i + args.local_rollout_forward_batch_size)
                     ref_logits = response_logits(ref_policy, query_responses[chunk], context_length,
                                                  args.temperature, pad_token_id)
                     ref_logprobs.append(gather_logprobs(ref_logits, real_responses[chunk]))
-                    values.append(response_values(value_model, query_responses[chunk], context_length, pad_token_id))
+                    values.append(response_values(value_model, query_responses[chunk], context_length,
+                                                  pad_token_id))
                 ref_logprobs, values = torch.cat(ref_logprobs), torch.cat(values)
-                scores = score_gain * raw_scores + score_bias  # detail 9
+                scores = score_gain * raw_scores + score_bias  # detail 31
             rollout_time = time.time() - iteration_start
 
             # 3. advantages
             with torch.inference_mode():
-                rewards, kl, non_score_reward, scores = compute_rewards(
-                    scores, contain_stop, args.missing_eos_penalty, logprobs, ref_logprobs, padding_mask, kl_coef,
-                    args.kl_estimator)
-                if args.whiten_rewards:  # detail 9: optional reward whitening, keeping the mean
+                rewards, kl, non_score_reward, scores = compute_rewards(  # details 30, 32
+                    scores, contain_stop, args.missing_eos_penalty, logprobs, ref_logprobs, padding_mask,
+                    kl_coef, args.kl_estimator)
+                if args.whiten_rewards:  # detail 31: optional reward whitening, keeping the mean
                     rewards = masked_whiten(rewards, response_mask, shift_mean=False)
                 advantages, returns = compute_gae(rewards, values, padding_mask, args.gamma, args.gae_lambda)
-                if args.norm_adv:  # detail 14: advantage whitening over the whole batch, masked
+                if args.norm_adv:  # detail 7: over the whole batch, masked
                     advantages = masked_whiten(advantages, response_mask)
 
             # 4. update
             update_start = time.time()
-            log = {k: [] for k in ("pg_loss", "v_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac", "ratio")}
-            for epoch in range(args.update_epochs):  # detail 17: several epochs over shuffled minibatches
+            update_stats = {}  # for each debug variable, one tensor per micro-batch; averaged in 5.
+            for epoch in range(args.update_epochs):
                 b_inds = torch.randperm(args.batch_size, device=device)
-                for start in range(0, args.batch_size, args.minibatch_size):
+                for start in range(0, args.batch_size, args.minibatch_size):  # detail 6
                     mb_inds = b_inds[start : start + args.minibatch_size]
                     minibatch_tokens = response_mask[mb_inds].sum()
                     for micro_start in range(0, args.minibatch_size, args.micro_batch_size):
@@ -564,51 +532,42 @@ def main(args: Args) -> dict:
                         # only the log-softmax of the logits is kept (backward needs it, not the logits)
                         all_logprobs = response_logits(policy, query_responses[micro_inds], context_length,
                                                        args.temperature, pad_token_id).log_softmax(-1)
-                        newlogprob = all_logprobs.gather(-1, real_responses[micro_inds].unsqueeze(-1)).squeeze(-1)
+                        newlogprob = all_logprobs.gather(-1, real_responses[micro_inds, :, None]).squeeze(-1)
                         newvalue = response_values(value_model, query_responses[micro_inds], context_length,
                                                    pad_token_id)
                         pg_loss, ratio, logratio = policy_loss(newlogprob, logprobs[micro_inds],
                                                                advantages[micro_inds], mask, args.clip_coef)
-                        v_loss = value_loss(newvalue, values[micro_inds], returns[micro_inds], mask, args.clip_coef,
-                                            args.clip_vloss)
-                        loss = pg_loss + args.vf_coef * v_loss
-                        # detail 17: weight each micro-batch by its share of the minibatch's real tokens, so
-                        # the accumulated gradient is that of the token mean over the whole minibatch
+                        v_loss = value_loss(newvalue, values[micro_inds], returns[micro_inds], mask,
+                                            args.clip_coef, args.clip_vloss)
+                        loss = pg_loss + args.vf_coef * v_loss  # detail 10
+                        # detail 6: each micro-batch weighted by its share of the minibatch's real tokens,
+                        # so the accumulated gradient is that of the token mean over the whole minibatch
                         (loss * mask.sum() / minibatch_tokens).backward()
                         with torch.no_grad():
-                            log["pg_loss"].append(pg_loss.item())
-                            log["v_loss"].append(v_loss.item())
-                            entropy = -(all_logprobs.exp() * all_logprobs).sum(-1)
-                            log["entropy"].append(masked_mean(entropy, mask).item())
-                            log["old_approx_kl"].append(masked_mean(-logratio, mask).item())
-                            log["approx_kl"].append(masked_mean((ratio - 1) - logratio, mask).item())
-                            log["clipfrac"].append(masked_mean(((ratio - 1.0).abs() > args.clip_coef).float(),
-                                                               mask).item())
-                            log["ratio"].append(masked_mean(ratio, mask).item())
-                        del all_logprobs, newlogprob, entropy
-                    nn.utils.clip_grad_norm_(trained_parameters, args.max_grad_norm)  # detail 18
+                            debug = debug_variables(all_logprobs, ratio, logratio, mask, args.clip_coef)
+                            for k, v in dict(policy_loss=pg_loss, value_loss=v_loss, **debug).items():
+                                update_stats.setdefault(k, []).append(v.detach())
+                        del all_logprobs, newlogprob, debug
+                    nn.utils.clip_grad_norm_(trained_parameters, args.max_grad_norm)  # detail 11
                     optimizer.step()
                     optimizer.zero_grad(set_to_none=True)
             update_time = time.time() - update_start
 
             # 5. logging
+            update_stats = {k: torch.stack(v).double().mean().item() for k, v in update_stats.items()}
             mean_kl = kl.sum(1).mean().item()
             mean_non_score_reward = non_score_reward.sum(1).mean().item()
             y_pred, y_true = values[response_mask], returns[response_mask]
             var_y = y_true.var().item()
+            explained_var = np.nan if var_y == 0 else 1 - (y_true - y_pred).var().item() / var_y
             distinct_responses, distinct_2 = diversity(responses, response_mask)
             stats = {
                 "charts/learning_rate": optimizer.param_groups[0]["lr"],
                 "charts/SPS": iteration * args.batch_size * args.response_length / (time.time() - start_time),
                 "charts/episodic_return": mean_non_score_reward + scores.mean().item(),
                 "charts/episodic_length": response_mask.sum(1).float().mean().item(),
-                "losses/value_loss": np.mean(log["v_loss"]),
-                "losses/policy_loss": np.mean(log["pg_loss"]),
-                "losses/entropy": np.mean(log["entropy"]),
-                "losses/old_approx_kl": np.mean(log["old_approx_kl"]),
-                "losses/approx_kl": np.mean(log["approx_kl"]),
-                "losses/clipfrac": np.mean(log["clipfrac"]),
-                "losses/explained_variance": np.nan if var_y == 0 else 1 - (y_true - y_pred).var().item() / var_y,
+                **{f"losses/{k}": v for k, v in update_stats.items() if k != "ratio"},
+                "losses/explained_variance": explained_var,
                 "objective/scores": scores.mean().item(),
                 "objective/raw_scores": raw_scores.mean().item(),
                 "objective/kl": mean_kl,
@@ -617,7 +576,7 @@ def main(args: Args) -> dict:
                 "objective/rlhf_reward": mean_non_score_reward + scores.mean().item(),
                 "objective/entropy": (-logprobs).masked_fill(padding_mask, 0).sum(1).mean().item(),
                 "val/num_eos_tokens": contain_stop.sum().item(),
-                "val/ratio": np.mean(log["ratio"]),
+                "val/ratio": update_stats["ratio"],
                 "val/distinct_responses": distinct_responses,
                 "val/distinct_2": distinct_2,
                 "time/rollout": rollout_time,
@@ -626,12 +585,15 @@ def main(args: Args) -> dict:
             for tag, value in stats.items():
                 writer.add_scalar(tag, value, iteration)
             if iteration == 1 or iteration % args.log_samples_every == 0 or iteration == args.num_iterations:
-                rows = list(zip(decode(queries), decode(responses), [f"{s:.3f}" for s in scores.tolist()]))
-                writer.add_text("samples", markdown_table(rows[:8], ("query", "response", "score")), iteration)
+                rows = list(zip(tokenizer.batch_decode(queries, skip_special_tokens=True),
+                                tokenizer.batch_decode(responses, skip_special_tokens=True),
+                                [f"{s:.3f}" for s in scores.tolist()]))
+                table = markdown_table(rows[:8], ("query", "response", "score"))
+                writer.add_text("samples", table, iteration)
             print(f"iteration {iteration}/{args.num_iterations} score {stats['objective/scores']:.3f} "
                   f"kl {mean_kl:.3f} kl_coef {kl_coef:.4f} SPS {stats['charts/SPS']:.1f}")
 
-            if args.kl_target is not None:  # detail 11: adaptive KL coefficient
+            if args.kl_target is not None:  # detail 33: the next iteration's KL coefficient
                 kl_coef = adaptive_kl_coef(kl_coef, mean_kl, args.kl_target, args.kl_horizon, args.batch_size,
                                            args.kl_coef)
     except KeyboardInterrupt:
@@ -645,12 +607,12 @@ def main(args: Args) -> dict:
             save_policy(policy, args.model_name, model_path)
             print(f"policy saved to {model_path}")
         if args.eval_episodes > 0 and not interrupted:
-            eval_stats["final"] = evaluate(policy, tokenizer, reward_fn, args, device, pad_token_id, stop_token_id)
+            eval_stats["final"] = evaluate(policy, tokenizer, stop_token_id, reward_fn, args, device)
             writer.add_scalar("eval/raw_scores", eval_stats["final"]["raw_score_mean"], iteration)
-            gain = (eval_stats["final"]["raw_score_mean"] - eval_stats["initial"]["raw_score_mean"]) * score_gain
-            eval_stats["score_gain"] = gain
-            print(f"held-out prompts: raw score {eval_stats['initial']['raw_score_mean']:.3f} -> "
-                  f"{eval_stats['final']['raw_score_mean']:.3f} ({gain:+.3f} in normalized units)")
+            initial, final = eval_stats["initial"]["raw_score_mean"], eval_stats["final"]["raw_score_mean"]
+            eval_stats["score_gain"] = (final - initial) * score_gain
+            print(f"held-out prompts: raw score {initial:.3f} -> {final:.3f} "
+                  f"({eval_stats['score_gain']:+.3f} in normalized units)")
     except KeyboardInterrupt:  # saving or evaluating GPT-2 takes seconds
         print("interrupted while saving or evaluating: keeping the logs; the model folder may be incomplete")
     finally:
@@ -658,67 +620,141 @@ def main(args: Args) -> dict:
     return {"run_dir": run_dir, "eval": eval_stats, **stats}
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # Evaluation: the mean reward-model score of a policy's responses to held-out prompts.
 
 
 @torch.inference_mode()
-def evaluate(policy, tokenizer, reward_fn, args: Args, device, pad_token_id: int, stop_token_id: int) -> dict:
+def evaluate(policy, tokenizer, stop_token_id: int, reward_fn, args: Args, device) -> dict:
     """Sample args.eval_episodes responses to EVAL_PROMPTS (never trained on) with the training temperature
     and truncation, and score them with the reward model, raw (no normalization, no EOS trick). The random
     draws come from their own generator state, so evaluating does not change the training run."""
     prompts = [EVAL_PROMPTS[i % len(EVAL_PROMPTS)] for i in range(args.eval_episodes)]
     raw_scores, contain_stop, samples = [], [], []
-    devices = [device] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(args.seed)
         for i in range(0, len(prompts), args.batch_size):
             batch = prompts[i : i + args.batch_size]
-            queries = tokenizer(batch, padding=True, truncation=True, max_length=args.max_query_length,
-                                return_tensors="pt")["input_ids"].to(device)
-            responses, _ = generate(policy, queries, args.response_length, args.temperature, pad_token_id)
-            responses, _, stopped = truncate_after_stop_token(responses, stop_token_id, pad_token_id,
-                                                              args.min_response_length)
-            raw_scores.append(score_texts(reward_fn, tokenizer, queries, responses))
+            queries = tokenize_queries(tokenizer, batch, args.max_query_length, device)
+            responses, _, _, stopped, scores = sample_and_score(policy, queries, tokenizer, stop_token_id,
+                                                                reward_fn, args)
+            raw_scores.append(scores)
             contain_stop.append(stopped)
             samples += list(zip(batch, tokenizer.batch_decode(responses, skip_special_tokens=True)))
     raw_scores, contain_stop = torch.cat(raw_scores).float(), torch.cat(contain_stop).float()
-    return {"raw_score_mean": raw_scores.mean().item(),
-            "raw_score_stderr": (raw_scores.std() / len(raw_scores) ** 0.5).item() if len(raw_scores) > 1 else 0.0,
+    stderr = (raw_scores.std() / len(raw_scores) ** 0.5).item() if len(raw_scores) > 1 else 0.0
+    return {"raw_score_mean": raw_scores.mean().item(), "raw_score_stderr": stderr,
             "stop_share": contain_stop.mean().item(), "raw_scores": raw_scores.tolist(), "samples": samples}
 
 
 def evaluate_checkpoint(args: Args, device: torch.device) -> dict:
     """--eval-checkpoint: score a saved policy on the held-out prompts; nothing is trained or written."""
-    tokenizer, pad_token_id, stop_token_id = load_tokenizer(args.eval_checkpoint, args.stop_token)
-    policy = load_policy(args.eval_checkpoint, device)
-    result = evaluate(policy, tokenizer, load_reward_fn(args, device), args, device, pad_token_id, stop_token_id)
-    print(f"{args.eval_checkpoint}: raw score {result['raw_score_mean']:.4f} +- {result['raw_score_stderr']:.4f} "
-          f"(standard error) over {args.eval_episodes} responses, {result['stop_share']:.0%} with the stop token")
+    tokenizer, _, stop_token_id = load_tokenizer(args.eval_checkpoint, args.stop_token, "--eval-checkpoint")
+    policy = load_policy(args.eval_checkpoint, device, "--eval-checkpoint")
+    result = evaluate(policy, tokenizer, stop_token_id, load_reward_fn(args, device), args, device)
+    print(f"{args.eval_checkpoint}: raw score {result['raw_score_mean']:.4f} +- "
+          f"{result['raw_score_stderr']:.4f} (standard error) over {args.eval_episodes} responses, "
+          f"{result['stop_share']:.0%} with the stop token")
     return {"eval": {"final": result}}
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Loading and saving: the plumbing, skippable on a first reading.
+# ------------------------------------------------------------------------------------------------------------
+# Plumbing, skippable on a first reading: argument checks, loading and saving.
+
+
+def check_args(args: Args) -> None:
+    """Validate the arguments and compute the derived sizes; fail before any model is loaded."""
+
+    def require(names: tuple, ok, requirement: str):
+        for name in names:
+            if not ok(getattr(args, name)):
+                flag = "--" + name.replace("_", "-")
+                raise SystemExit(f"error: {flag} must be {requirement} (got {getattr(args, name)})")
+
+    require(("response_length", "max_query_length", "batch_size", "num_minibatches", "update_epochs",
+             "gradient_accumulation_steps", "local_rollout_forward_batch_size", "norm_batches",
+             "log_samples_every", "num_threads"), lambda v: v >= 1, "at least 1")
+    require(("eval_episodes", "kl_coef"), lambda v: v >= 0, "at least 0")
+    require(("temperature", "learning_rate", "clip_coef"), lambda v: v > 0, "positive")
+    require(("gamma",), lambda v: 0 < v <= 1, "in (0, 1]")
+    require(("gae_lambda",), lambda v: 0 <= v <= 1, "in [0, 1]")
+    require(("kl_estimator",), lambda v: v in ("k1", "k3"), "k1 or k3")
+    if not 0 <= args.min_response_length < args.response_length:
+        raise SystemExit(f"error: --min-response-length {args.min_response_length} must be at least 0 and "
+                         f"smaller than --response-length {args.response_length}")
+    if args.batch_size % args.num_minibatches != 0:
+        raise SystemExit(f"error: --batch-size {args.batch_size} is not divisible by --num-minibatches "
+                         f"{args.num_minibatches}; choose a batch size that is a multiple of it")
+    args.minibatch_size = args.batch_size // args.num_minibatches
+    if args.minibatch_size % args.gradient_accumulation_steps != 0:
+        raise SystemExit(f"error: the minibatch size {args.minibatch_size} (--batch-size / "
+                         f"--num-minibatches) is not divisible by --gradient-accumulation-steps "
+                         f"{args.gradient_accumulation_steps}")
+    args.micro_batch_size = args.minibatch_size // args.gradient_accumulation_steps
+    if args.total_episodes < args.batch_size:
+        raise SystemExit(f"error: --total-episodes {args.total_episodes} is smaller than one batch "
+                         f"(--batch-size {args.batch_size})")
+    args.num_iterations = args.total_episodes // args.batch_size
+    if args.kl_target is not None and (args.kl_target <= 0 or args.kl_horizon < 1 or args.kl_coef <= 0):
+        raise SystemExit("error: --kl-target needs a positive target, --kl-horizon at least 1 and a positive "
+                         "--kl-coef to adapt (or pass --kl-target None for a fixed coefficient)")
+    if not args.stop_token:
+        raise SystemExit("error: --stop-token must be `eos` or a single-token string such as `.`")
+    for flag, name in [("--model-name", args.model_name), ("--reward-model", args.reward_model),
+                       ("--value-model", args.value_model), ("--eval-checkpoint", args.eval_checkpoint)]:
+        # A path (not a hub id) that does not exist fails here, without asking the network.
+        if name is None or not (flag == "--eval-checkpoint" or name.startswith(("/", ".", "~"))):
+            continue
+        if not os.path.isdir(os.path.expanduser(name)):
+            raise SystemExit(f"error: {flag} {name}: no such directory")
+    if args.eval_checkpoint is not None:
+        check_saved_policy(os.path.expanduser(args.eval_checkpoint))
+    if args.prompts_file is not None and not os.path.isfile(args.prompts_file):
+        raise SystemExit(f"error: --prompts-file {args.prompts_file}: no such file")
+    if args.reward_model == "vader" and importlib.util.find_spec("vaderSentiment") is None:
+        raise SystemExit("error: --reward-model vader needs the vaderSentiment package (pip install "
+                         "vaderSentiment)")
+
+
+def check_saved_policy(path: str) -> None:
+    """--eval-checkpoint: a whole folder written by --save-model, or a one-line error before any work."""
+    from safetensors import safe_open
+
+    files = os.listdir(path)
+    weights = [os.path.join(path, f) for f in files if f.endswith(".safetensors")]
+    try:
+        if not weights or not {"config.json", "tokenizer_config.json"} <= set(files):
+            raise ValueError("it needs config.json, tokenizer_config.json and .safetensors weights")
+        with open(os.path.join(path, "config.json")) as f:
+            json.load(f)
+        for weights_file in weights:
+            with safe_open(weights_file, "pt"):  # fails if the file is shorter than its header says
+                pass
+    except Exception as e:  # a missing file, bad JSON or truncated weights: all mean the same here
+        raise SystemExit(f"error: --eval-checkpoint {path}: not a policy saved by --save-model "
+                         f"({first_line(e)})")
+
+
+def first_line(e: Exception) -> str:
+    return (str(e).strip() or type(e).__name__).splitlines()[0]
 
 
 def from_pretrained(auto_class, name: str, flag: str, **kwargs):
-    """Load a model or tokenizer; if it cannot be loaded, stop with a message that says what to pass instead."""
+    """Load a model or tokenizer; if it cannot be loaded, stop with a message that says what to pass."""
     try:
         return auto_class.from_pretrained(name, **kwargs)
     except (OSError, ValueError) as e:
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise SystemExit(f"error: {flag} {name!r} could not be loaded ({reason}). Without network access, pass a "
-                         f"local directory written by save_pretrained (and set HF_HUB_OFFLINE=1 to skip the retries).")
+        raise SystemExit(f"error: {flag} {name!r} could not be loaded ({first_line(e)}). Without network "
+                         f"access, pass a local directory written by save_pretrained (and set "
+                         f"HF_HUB_OFFLINE=1 to skip the retries).")
 
 
-def load_tokenizer(model_name: str, stop_token: str):
+def load_tokenizer(model_name: str, stop_token: str, flag: str = "--model-name"):
     """The policy's tokenizer, set up for RLHF; returns it with the pad and stop token ids."""
-    # detail 2: left padding (and left truncation) of the queries
-    tokenizer = from_pretrained(AutoTokenizer, model_name, "--model-name", padding_side="left",
-                                truncation_side="left")
+    # detail 24: left padding (and left truncation) of the queries
+    tokenizer = from_pretrained(AutoTokenizer, model_name, flag, padding_side="left", truncation_side="left")
     if tokenizer.pad_token is None or tokenizer.pad_token_id == tokenizer.eos_token_id:
-        # detail 1: a pad token distinct from EOS, so that padding and a sampled EOS are never confused
+        # detail 23: a pad token distinct from EOS, so that padding and a sampled EOS are never confused
         tokenizer.add_special_tokens({"pad_token": "[PAD]"})
     if stop_token == "eos":
         if tokenizer.eos_token_id is None:
@@ -731,38 +767,75 @@ def load_tokenizer(model_name: str, stop_token: str):
         ids = tokenizer.encode(word + stop_token, add_special_tokens=False)
         if len(ids) == len(word_ids) + 1 and ids[: len(word_ids)] == word_ids:
             return tokenizer, tokenizer.pad_token_id, ids[-1]
-    raise SystemExit(f"error: --stop-token {stop_token!r} is not a single token inside text for this tokenizer "
-                     f"({'x' + stop_token!r} encodes as {ids}); pass `eos` or a single token, such as `.`")
+    raise SystemExit(f"error: --stop-token {stop_token!r} is not a single token inside text for this "
+                     f"tokenizer ({'x' + stop_token!r} encodes as {ids}); pass `eos` or a single token, such "
+                     f"as `.`")
 
 
 def load_config(name: str, flag: str):
     config = from_pretrained(AutoConfig, name, flag)
     if getattr(config, "activation_function", None) == "gelu_new":
-        # GPT-2's "gelu_new" is the tanh GELU written as six element-wise operations whose outputs backward
-        # keeps; torch's fused GELU(approximate="tanh") is the same function (to float rounding) and keeps
-        # only its input: less activation memory in the update, and faster
+        # GPT-2's "gelu_new" is the tanh GELU as six element-wise operations whose outputs backward keeps;
+        # torch's fused GELU(approximate="tanh") is the same function (to float rounding) and keeps only its
+        # input: less activation memory in the update, and faster
         config.activation_function = "gelu_pytorch_tanh"
     return config
 
 
-def load_policy(model_name: str, device: torch.device) -> nn.Module:
-    config = load_config(model_name, "--model-name")
-    policy = from_pretrained(AutoModelForCausalLM, model_name, "--model-name", config=config, dtype=torch.float32)
-    # detail 6: dropout off in all models: eval mode everywhere, also while training
-    return policy.to(device).eval()
+def load_policy(model_name: str, device: torch.device, flag: str = "--model-name") -> nn.Module:
+    config = load_config(model_name, flag)
+    policy = from_pretrained(AutoModelForCausalLM, model_name, flag, config=config, dtype=torch.float32)
+    return policy.to(device).eval()  # detail 28: dropout off, eval mode everywhere, also while training
 
 
 def load_value_model(value_model_name: str | None, policy: nn.Module, device: torch.device) -> ValueModel:
-    """detail 12: a copy of the policy's backbone, or the backbone of another model that reads the same tokens."""
+    """detail 13: a copy of the policy's backbone, or the backbone of another model that reads its tokens."""
     if value_model_name is None:
         backbone = copy.deepcopy(policy.base_model)
     else:
         config = load_config(value_model_name, "--value-model")
         if config.vocab_size != policy.config.vocab_size:
-            raise SystemExit(f"error: --value-model {value_model_name} has a vocabulary of {config.vocab_size} "
-                             f"tokens, the policy {policy.config.vocab_size}: it must read the policy's tokens")
-        backbone = from_pretrained(AutoModel, value_model_name, "--value-model", config=config, dtype=torch.float32)
-    return ValueModel(backbone, backbone.config.hidden_size).to(device).eval()  # detail 6
+            raise SystemExit(f"error: --value-model {value_model_name} has a vocabulary of "
+                             f"{config.vocab_size} tokens, the policy {policy.config.vocab_size}: it must "
+                             f"read the policy's tokens")
+        backbone = from_pretrained(AutoModel, value_model_name, "--value-model", config=config,
+                                   dtype=torch.float32)
+    return ValueModel(backbone, backbone.config.hidden_size).to(device).eval()  # detail 28
+
+
+def load_reward_fn(args: Args, device: torch.device):
+    """A function that maps texts (query + response) and the responses alone to a tensor of scores."""
+    if args.reward_model == "length":
+        # the toy reward of the KL-vs-collapse experiment: the response's length in characters, scaled
+        return lambda texts, responses: torch.tensor([len(r) / args.response_length for r in responses],
+                                                     device=device)
+    if args.reward_model == "vader":
+        from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
+
+        analyzer = SentimentIntensityAnalyzer()
+        return lambda texts, responses: torch.tensor([analyzer.polarity_scores(t)["compound"] for t in texts],
+                                                     device=device)
+
+    reward_tokenizer = from_pretrained(AutoTokenizer, args.reward_model, "--reward-model")
+    reward_model = from_pretrained(AutoModelForSequenceClassification, args.reward_model, "--reward-model",
+                                   dtype=torch.float32).to(device)
+    reward_model.eval().requires_grad_(False)  # detail 28
+    reward_model.config.use_cache = False  # one pass, no KV cache (for models that have one)
+    if not 0 <= args.reward_label < reward_model.config.num_labels:
+        raise SystemExit(f"error: --reward-label {args.reward_label} is not one of the reward model's "
+                         f"{reward_model.config.num_labels} labels {reward_model.config.id2label}")
+    if reward_tokenizer.pad_token is None:
+        # The reward model reads plain detokenized text, without special tokens, so EOS is a safe pad here.
+        reward_tokenizer.pad_token = reward_tokenizer.eos_token
+    reward_model.config.pad_token_id = reward_tokenizer.pad_token_id
+
+    @torch.inference_mode()
+    def reward_fn(texts: list[str], responses: list[str]) -> torch.Tensor:
+        # The reward model reads the text with its own tokenizer, not the policy's token ids.
+        inputs = reward_tokenizer(texts, padding=True, truncation=True, return_tensors="pt").to(device)
+        return reward_model(**inputs).logits[:, args.reward_label].float()
+
+    return reward_fn
 
 
 def save_policy(policy: nn.Module, model_name: str, path: str) -> None:
@@ -786,153 +859,55 @@ def load_prompts(prompts_file: str | None) -> list[str]:
     return prompts
 
 
-def score_texts(reward_fn, tokenizer, queries: torch.Tensor, responses: torch.Tensor) -> torch.Tensor:
-    """The reward function reads text: query + response decoded together, and the response alone."""
-    texts = tokenizer.batch_decode(torch.cat([queries, responses], dim=1), skip_special_tokens=True)
-    return reward_fn(texts, tokenizer.batch_decode(responses, skip_special_tokens=True))
+def markdown_table(rows: list[tuple], header: tuple) -> str:
+    cells = [[str(x).replace("|", "\\|").replace("\n", " ") for x in row] for row in rows]
+    lines = [header, ["-"] * len(header)] + cells
+    return "\n".join("|" + "|".join(line) + "|" for line in lines)
 
 
-def load_reward_fn(args: Args, device: torch.device):
-    """Return a function that maps texts (query + response) and the responses alone to a tensor of scores."""
-    if args.reward_model == "length":
-        # the toy reward of the KL-vs-collapse experiment: the response's length in characters, scaled
-        return lambda texts, responses: torch.tensor([len(r) / args.response_length for r in responses],
-                                                     device=device)
-    if args.reward_model == "vader":
-        from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
-
-        analyzer = SentimentIntensityAnalyzer()
-        return lambda texts, responses: torch.tensor([analyzer.polarity_scores(t)["compound"] for t in texts],
-                                                     device=device)
-
-    reward_tokenizer = from_pretrained(AutoTokenizer, args.reward_model, "--reward-model")
-    reward_model = from_pretrained(AutoModelForSequenceClassification, args.reward_model, "--reward-model",
-                                   dtype=torch.float32).to(device)
-    reward_model.eval().requires_grad_(False)  # detail 6
-    reward_model.config.use_cache = False  # detail 19: one pass, no KV cache (for models that have one)
-    if not 0 <= args.reward_label < reward_model.config.num_labels:
-        raise SystemExit(f"error: --reward-label {args.reward_label} is not one of the reward model's "
-                         f"{reward_model.config.num_labels} labels {reward_model.config.id2label}")
-    if reward_tokenizer.pad_token is None:
-        # The reward model reads plain detokenized text, without special tokens, so EOS is a safe pad here.
-        reward_tokenizer.pad_token = reward_tokenizer.eos_token
-    reward_model.config.pad_token_id = reward_tokenizer.pad_token_id
-
-    @torch.inference_mode()  # detail 19
-    def reward_fn(texts: list[str], responses: list[str]) -> torch.Tensor:
-        # The reward model reads the text with its own tokenizer, not the policy's token ids.
-        inputs = reward_tokenizer(texts, padding=True, truncation=True, return_tensors="pt").to(device)
-        return reward_model(**inputs).logits[:, args.reward_label].float()
-
-    return reward_fn
-
-
-def prompt_stream(num_prompts: int, seed: int):
-    """Yield prompt indices forever, one shuffled pass over the prompts after another."""
-    rng = random.Random(seed)
-    while True:
-        order = list(range(num_prompts))
-        rng.shuffle(order)
-        yield from order
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Data: openings of movie reviews written for this project; the policy continues them.
+# ------------------------------------------------------------------------------------------------------------
+# Data, skippable: openings of movie reviews written for this project; the policy continues them.
 
 PROMPTS = [
-    "This movie was",
-    "I went into this film expecting",
-    "The acting in this one is",
-    "Honestly, the plot of this movie",
-    "From the very first scene, I",
-    "My friends dragged me to see this, and",
-    "The director clearly wanted to",
-    "I have seen a lot of westerns, but this one",
-    "The soundtrack alone",
-    "After two hours in the theater, I",
-    "The lead actress gives a performance that",
-    "This is the kind of comedy that",
-    "I rented this on a rainy Sunday and",
-    "The special effects were",
-    "Watching this with my kids,",
-    "The dialogue in the second half",
-    "If you liked the book, this adaptation",
-    "I did not expect a horror movie to",
-    "The ending of this film",
-    "Critics have called it a masterpiece, but",
-    "The cinematography is",
-    "Three words describe this movie:",
-    "I walked out of the cinema feeling",
-    "The villain in this story",
-    "It has been years since a documentary",
-    "The first twenty minutes are",
-    "As a fan of the original series, I",
-    "The chemistry between the two leads",
-    "This low-budget thriller",
-    "I watched it twice, and",
-    "The screenplay tries to",
-    "Nothing about this sequel",
-    "My expectations were low, and the film",
-    "The pacing of this movie",
-    "Every scene with the old detective",
-    "This animated feature",
-    "The costumes and sets",
-    "I can't remember the last time a movie",
-    "The story follows a young woman who",
-    "What starts as a simple romance",
-    "The humor in this film",
-    "Halfway through, I realized",
-    "This remake of a classic",
-    "The cast is full of familiar faces, and",
-    "As war films go, this one",
-    "The music, the colors, the camera work:",
-    "I really wanted to like this movie, but",
-    "The child actors in this film",
-    "By the time the credits rolled,",
-    "This is a slow film that",
-    "The twist at the end",
-    "Compared to the director's earlier work,",
-    "Nobody in my family",
-    "The script was written by",
-    "On paper, this movie",
-    "The action sequences",
-    "I saw this at a small festival and",
-    "This musical",
-    "The performances are uneven, but",
-    "For a film about friendship, it",
-    "The first time I saw this movie,",
-    "This science fiction epic",
-    "Despite the famous cast, the film",
-    "The editing makes every scene",
-    "The movie opens with a long shot of",
-    "I laughed, I cried, and",
-    "The small town setting",
-    "Years from now, people will",
-    "This courtroom drama",
-    "The heist in the middle of the film",
-    "It is rare for a family movie to",
-    "The best thing about this film is",
+    "This movie was", "I went into this film expecting", "The acting in this one is",
+    "Honestly, the plot of this movie", "From the very first scene, I",
+    "My friends dragged me to see this, and", "The director clearly wanted to",
+    "I have seen a lot of westerns, but this one", "The soundtrack alone",
+    "After two hours in the theater, I", "The lead actress gives a performance that",
+    "This is the kind of comedy that", "I rented this on a rainy Sunday and", "The special effects were",
+    "Watching this with my kids,", "The dialogue in the second half",
+    "If you liked the book, this adaptation", "I did not expect a horror movie to", "The ending of this film",
+    "Critics have called it a masterpiece, but", "The cinematography is", "Three words describe this movie:",
+    "I walked out of the cinema feeling", "The villain in this story",
+    "It has been years since a documentary", "The first twenty minutes are",
+    "As a fan of the original series, I", "The chemistry between the two leads", "This low-budget thriller",
+    "I watched it twice, and", "The screenplay tries to", "Nothing about this sequel",
+    "My expectations were low, and the film", "The pacing of this movie",
+    "Every scene with the old detective", "This animated feature", "The costumes and sets",
+    "I can't remember the last time a movie", "The story follows a young woman who",
+    "What starts as a simple romance", "The humor in this film", "Halfway through, I realized",
+    "This remake of a classic", "The cast is full of familiar faces, and", "As war films go, this one",
+    "The music, the colors, the camera work:", "I really wanted to like this movie, but",
+    "The child actors in this film", "By the time the credits rolled,", "This is a slow film that",
+    "The twist at the end", "Compared to the director's earlier work,", "Nobody in my family",
+    "The script was written by", "On paper, this movie", "The action sequences",
+    "I saw this at a small festival and", "This musical", "The performances are uneven, but",
+    "For a film about friendship, it", "The first time I saw this movie,", "This science fiction epic",
+    "Despite the famous cast, the film", "The editing makes every scene",
+    "The movie opens with a long shot of", "I laughed, I cried, and", "The small town setting",
+    "Years from now, people will", "This courtroom drama", "The heist in the middle of the film",
+    "It is rare for a family movie to", "The best thing about this film is",
 ]
-
 
 # Held-out openings, never used in training: the evaluation of the initial and the final policy.
 EVAL_PROMPTS = [
-    "The trailer made this film look",
-    "I bought a ticket for the late show and",
-    "The first act of this drama",
-    "My grandmother loved this movie because",
-    "The sound design in the battle scenes",
-    "This biopic of a famous painter",
-    "Two minutes into the opening credits, I",
-    "The writers of this comedy",
-    "Of all the films I saw this year, this one",
-    "The young director's debut",
-    "This spy thriller",
-    "The love story at the center of the film",
-    "Watching it again after ten years,",
-    "The supporting cast",
-    "This film about a small fishing village",
-    "The final battle",
+    "The trailer made this film look", "I bought a ticket for the late show and",
+    "The first act of this drama", "My grandmother loved this movie because",
+    "The sound design in the battle scenes", "This biopic of a famous painter",
+    "Two minutes into the opening credits, I", "The writers of this comedy",
+    "Of all the films I saw this year, this one", "The young director's debut", "This spy thriller",
+    "The love story at the center of the film", "Watching it again after ten years,", "The supporting cast",
+    "This film about a small fishing village", "The final battle",
 ]
 
 

@@ -92,7 +92,7 @@ MUTANTS = [
      "tokenizer = load_tokenizer(model_name, \"eos\")[0]\n    if tokenizer.pad_token is None:\n"
      "        tokenizer.pad_token = tokenizer.eos_token"),
     ("evaluation consumes the training run's random numbers",
-     "with torch.random.fork_rng(devices=devices):",
+     'with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):',
      "with torch.no_grad():"),
     ("length reward reads the query too",
      "[len(r) / args.response_length for r in responses]",
