@@ -1,74 +1,50 @@
 """Proximal Policy Optimization (PPO) with a Categorical policy on CartPole-v1.
 
-Paper: Schulman et al. 2017, "Proximal Policy Optimization Algorithms" (arXiv:1707.06347); GAE from
+Papers: Schulman et al. 2017, "Proximal Policy Optimization Algorithms" (arXiv:1707.06347); GAE from
 Schulman et al. 2016, "High-Dimensional Continuous Control Using Generalized Advantage Estimation".
 Structure after CleanRL's `ppo.py`; details numbered after Huang et al. 2022, "The 37 Implementation
-Details of Proximal Policy Optimization".
+Details of Proximal Policy Optimization". Any env with a Discrete action space works.
+Results, and why the defaults differ from CleanRL's: docs/results/ppo_cartpole.md.
 
 Usage:
     python ppo_cartpole.py --seed 1
-    python ppo_cartpole.py --save-model --eval-episodes 10
+    python ppo_cartpole.py --save-model      # agent.pt in the run dir
     python ppo_cartpole.py --eval-checkpoint runs/<run_name>/agent.pt
     tensorboard --logdir runs
 
 What the code computes, with the names it uses (t is a step, one rollout holds num_steps x num_envs):
+    actions_t    ~ Categorical(softmax(logits(s_t)))
+    logprobs_t   = log_softmax(logits(s_t))[actions_t]
+    entropy      = -sum_a pi(a | s_t) log pi(a | s_t)
     delta_t      = rewards_t + gamma * (1 - terminations_t) * next_values_t - values_t
     advantages_t = delta_t + gamma * gae_lambda * (1 - dones_t) * advantages_{t+1}
     returns_t    = advantages_t + values_t
     ratio        = pi(a_t | s_t) / pi_old(a_t | s_t) = exp(newlogprob - logprobs)
     pg_loss      = mean(max(-A * ratio, -A * clip(ratio, 1 - clip_coef, 1 + clip_coef)))
-    v_loss       = 0.5 * mean(max((V - R)^2, (values + clip(V - values, -clip_coef, clip_coef) - R)^2))
+    v_loss       = 0.5 * mean((V - R)^2)    (or the clipped form with --clip-vloss)
     loss         = pg_loss - ent_coef * entropy + vf_coef * v_loss
-`next_values_t` is the value of the state the env really reached after step t: the next observation,
-or the final observation of an episode that ended at t (autoreset has already replaced it).
-`terminations_t` zeroes the bootstrap only for a true termination (the pole fell); `dones_t`
-(termination or truncation) stops the advantage from flowing back across an episode boundary.
+next_values_t is the value of the state the env reached after step t (the final observation if the
+episode ended at t).
 
-Implementation details (each is marked "detail N" where it happens):
- 1. Vectorized environments: `num_envs` CartPoles stepped in lockstep, one batched forward per step.
- 2. Orthogonal weight init (gain sqrt(2) hidden, 0.01 policy head, 1 value head), zero biases.
- 3. Adam with eps=1e-5.
- 4. Learning rate annealed linearly to 0 over training.
+Implementation details, each marked "detail N" where it happens:
+ 1. Vectorized environments: num_envs CartPoles stepped in lockstep, one batched forward pass per step.
+ 2. Orthogonal weight init (gain sqrt(2) hidden, 0.01 policy head, 1 value head), constant (zero) bias.
+ 3. Adam with eps 1e-5.
+ 4. Learning rate annealed linearly to 0.
  5. Generalized Advantage Estimation (gamma, gae_lambda).
- 6. Minibatch updates: `update_epochs` passes over the shuffled batch in `num_minibatches` pieces.
+ 6. Minibatch updates: update_epochs passes over the shuffled batch in num_minibatches pieces.
  7. Advantage normalization, per minibatch.
- 8. Clipped surrogate policy objective.
- 9. Clipped value loss.
-10. Entropy bonus.
+ 8. Clipped surrogate objective.
+ 9. Value-loss clipping (--clip-vloss).
+10. Overall loss pg_loss - ent_coef * entropy + vf_coef * v_loss; the entropy bonus is off by default.
 11. Global gradient-norm clipping.
 12. Debug variables: old_approx_kl, approx_kl (the k3 estimator), clipfrac, explained_var.
-13. Separate actor and critic networks (no shared trunk).
-Beyond CleanRL:
-14. Correct on gymnasium 1.x: SAME_STEP autoreset, so the observation after a step that ended an
-    episode is the first of the next episode and the finished one's last state arrives in
-    `infos["final_obs"]`; no stored transition spans two episodes; episode statistics come from
-    the vector `RecordEpisodeStatistics` wrapper and are logged.
-15. Truncation is not termination: an episode cut by the 500-step time limit is bootstrapped with
-    the value of its final observation; only a real termination zeroes the bootstrap.
-16. One torch thread by default (`--num-threads`): on a 2-core machine the default thread pool makes
-    a small MLP 3-40x slower whenever anything else runs.
-17. `--save-model` saves the agent to runs/<run_name>/agent.pt; `--eval-episodes` evaluates the
-    greedy policy after training; `--eval-checkpoint` evaluates a saved agent without training.
-18. Lean rollout and update: each rollout step runs only the actor (the sampled action and its
-    log-probability); the critic is unchanged during the rollout, so the values of all its states,
-    and of the states that follow it, come from one batched forward pass afterwards. Buffers are
-    numpy arrays. The Categorical distribution is written out (log_softmax, then gather for the
-    log-probability and -sum p log p for the entropy) instead of building a
-    `torch.distributions.Categorical` per call, and Adam is the fused kernel: together 13-24% less
-    update time in paired runs here.
-
-Defaults differ from CleanRL's ppo.py (500k steps, 4 envs x 128 steps, 4 minibatches, 4 epochs,
-lr 2.5e-4, gamma 0.99, lambda 0.95) and follow rl-baselines3-zoo's tuned CartPole PPO: 8 envs x 32
-steps, 1 minibatch, lr 1e-3, gamma 0.98, lambda 0.8, no entropy bonus; with those and the truncation
-bootstrap (15), 100k steps are enough to reach the maximum return of 500. We use 10 epochs where the
-zoo uses 20: it halves the update cost; measured here at 100k steps, seeds 1-10, 8 of 10 runs held
-500 over their last 100 episodes and the other two 474 and 446; 16 envs x 32 steps with 10 epochs
-(half the gradient steps again) ended at 164-446.
-The value-loss clipping of detail 9 is implemented but off by default (`--clip-vloss` turns it on):
-its range is clip_coef=0.2 in return units, so the critic can move at most 0.2 per update while
-CartPole values reach ~50 (gamma 0.98); measured here at 100k steps, seeds 1-5, it left 2 of 5
-seeds below 450 (245, 439) where the unclipped loss held 500 on all five. Andrychowicz et al. 2021
-("What Matters in On-Policy RL") also found value clipping no help or harmful.
+13. Separate policy and value networks.
+Gymnasium 1.x correctness, marked "detail GN":
+G1. SAME_STEP autoreset: the finished episode's last observation comes from infos["final_obs"].
+G2. Truncation is not termination: a time-limit cut is bootstrapped with V(final_obs); terminations
+    zero the bootstrap, dones (termination or truncation) stop GAE at the episode boundary.
+G3. Episode statistics from the vector RecordEpisodeStatistics wrapper, on the raw rewards.
 """
 
 import os
@@ -87,6 +63,8 @@ from torch.utils.tensorboard import SummaryWriter
 
 @dataclass
 class Args:
+    """Defaults that differ from CleanRL's, and why: docs/results/ppo_cartpole.md#why-these-defaults"""
+
     # experiment
     exp_name: str = os.path.basename(__file__)[: -len(".py")]
     """the name of this experiment (part of the run directory name)"""
@@ -103,7 +81,7 @@ class Args:
     save_model: bool = False
     """save the trained agent to <runs_dir>/<run_name>/agent.pt"""
     eval_episodes: int = 10
-    """episodes of the greedy policy to evaluate after training (0: no evaluation)"""
+    """episodes of the greedy policy to evaluate after training (0: none)"""
     eval_checkpoint: str | None = None
     """path to a saved agent.pt: evaluate it for --eval-episodes episodes and exit, no training"""
 
@@ -111,33 +89,33 @@ class Args:
     env_id: str = "CartPole-v1"
     """the id of the environment (its action space must be Discrete)"""
     total_timesteps: int = 100_000
-    """total environment steps of the experiment (summed over all envs)"""
+    """total environment steps, summed over all envs (CleanRL: 500k; enough to reach the maximum)"""
     num_envs: int = 8
-    """the number of parallel environments"""
+    """the number of parallel environments (CleanRL: 4; rl-baselines3-zoo's tuned CartPole PPO)"""
     num_steps: int = 32
-    """the number of steps run in each environment per rollout"""
+    """the steps run in each environment per rollout (CleanRL: 128; the zoo's: shorter, more updates)"""
 
     # algorithm
     learning_rate: float = 1e-3
-    """the learning rate of the optimizer"""
+    """the learning rate (CleanRL: 2.5e-4; the zoo's)"""
     anneal_lr: bool = True
     """anneal the learning rate linearly to 0"""
     gamma: float = 0.98
-    """the discount factor gamma"""
+    """the discount factor (CleanRL: 0.99; the zoo's: a shorter horizon, enough to balance a pole)"""
     gae_lambda: float = 0.8
-    """the lambda of generalized advantage estimation"""
+    """the lambda of generalized advantage estimation (CleanRL: 0.95; the zoo's)"""
     num_minibatches: int = 1
-    """the number of minibatches each batch is split into"""
+    """minibatches per batch (CleanRL: 4; the zoo's: the batch of 256 is one minibatch)"""
     update_epochs: int = 10
-    """the number of passes over each batch"""
+    """passes over each batch (CleanRL: 4; the zoo uses 20, 10 halve the update cost and learn as well)"""
     norm_adv: bool = True
     """normalize the advantages of each minibatch"""
     clip_coef: float = 0.2
     """the surrogate clipping coefficient"""
     clip_vloss: bool = False
-    """clip the value loss around the rollout's values (off: see the note on defaults above)"""
+    """use a clipped value loss (CleanRL: on; a range of clip_coef in return units holds the critic back)"""
     ent_coef: float = 0.0
-    """coefficient of the entropy bonus"""
+    """coefficient of the entropy bonus (CleanRL: 0.01; the zoo's)"""
     vf_coef: float = 0.5
     """coefficient of the value loss"""
     max_grad_norm: float = 0.5
@@ -151,49 +129,7 @@ class Args:
     minibatch_size: int = 0
     """the minibatch size (computed: batch_size // num_minibatches)"""
     num_iterations: int = 0
-    """the number of rollout/update iterations (computed: total_timesteps / batch_size, rounded up)"""
-
-
-def check_args(args: Args) -> None:
-    """Fill in the derived sizes and reject bad input with a one-line message, before any training."""
-
-    def fail(msg):
-        raise SystemExit(f"error: {msg}")
-
-    for flag in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs"):
-        if getattr(args, flag) <= 0:
-            fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
-    if not 0.0 <= args.gamma <= 1.0:
-        fail(f"--gamma must be in [0, 1], got {args.gamma}")
-    if not 0.0 <= args.gae_lambda <= 1.0:
-        fail(f"--gae-lambda must be in [0, 1], got {args.gae_lambda}")
-    if args.clip_coef <= 0.0:
-        fail(f"--clip-coef must be positive, got {args.clip_coef}")
-    if args.eval_episodes < 0:
-        fail(f"--eval-episodes must be >= 0, got {args.eval_episodes}")
-    if args.num_threads <= 0:
-        fail(f"--num-threads must be positive, got {args.num_threads}")
-    if args.eval_checkpoint is not None and not os.path.isfile(args.eval_checkpoint):
-        fail(f"--eval-checkpoint {args.eval_checkpoint} does not exist; pass the path of a saved agent.pt")
-    try:
-        env = gym.make(args.env_id)
-    except gym.error.Error as e:
-        fail(f"--env-id {args.env_id} cannot be made ({e.__class__.__name__}); pass a registered gymnasium id")
-    action_space, observation_space = env.action_space, env.observation_space
-    env.close()
-    if not isinstance(action_space, gym.spaces.Discrete):
-        fail(f"--env-id {args.env_id} has a {type(action_space).__name__} action space; this script needs "
-             "a Discrete one (use ppo_walker2d.py for continuous actions)")
-    if not isinstance(observation_space, gym.spaces.Box) or len(observation_space.shape) != 1:
-        fail(f"--env-id {args.env_id} has {observation_space} observations; this script's MLP needs flat (1-d) "
-             "Box observations")
-    args.batch_size = args.num_envs * args.num_steps
-    if args.batch_size % args.num_minibatches != 0:
-        fail(f"--num-minibatches {args.num_minibatches} does not divide the batch size {args.batch_size} "
-             "(--num-envs x --num-steps); choose a divisor")
-    args.minibatch_size = args.batch_size // args.num_minibatches
-    # round up, so that a run takes at least --total-timesteps steps
-    args.num_iterations = -(-args.total_timesteps // args.batch_size)
+    """the number of rollout/update iterations (computed: total_timesteps // batch_size)"""
 
 
 def make_env(env_id: str):
@@ -204,12 +140,23 @@ def make_env(env_id: str):
 
 
 def make_vector_env(env_id: str, num_envs: int):
-    # detail 1 and 14: lockstep envs that reset inside the step that ends an episode (SAME_STEP),
-    # with episode returns and lengths recorded on the vector env
+    # details 1, G1 and G3: lockstep envs that reset inside the step that ends an episode (SAME_STEP),
+    # with raw episode returns and lengths recorded on the vector env
     envs = gym.vector.SyncVectorEnv(
         [make_env(env_id) for _ in range(num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
     )
     return gym.wrappers.vector.RecordEpisodeStatistics(envs)
+
+
+def final_observations(next_obs: np.ndarray, infos: dict) -> np.ndarray:
+    """Detail G1: the observations the envs really reached: `next_obs`, except where an episode ended and
+    the SAME_STEP autoreset replaced it by the next episode's first one; there, `infos["final_obs"]`."""
+    if "_final_obs" not in infos:
+        return next_obs
+    real_next_obs = next_obs.copy()
+    for i in np.flatnonzero(infos["_final_obs"]):
+        real_next_obs[i] = infos["final_obs"][i]
+    return real_next_obs
 
 
 def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
@@ -217,6 +164,15 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
     return layer
+
+
+def mlp(in_dim: int, out_dim: int, out_std: float) -> nn.Sequential:
+    """Two hidden layers of 64 tanh units; the output layer initialized with gain `out_std` (detail 2)."""
+    return nn.Sequential(
+        layer_init(nn.Linear(in_dim, 64)), nn.Tanh(),
+        layer_init(nn.Linear(64, 64)), nn.Tanh(),
+        layer_init(nn.Linear(64, out_dim), std=out_std),
+    )
 
 
 def categorical_logprob(log_probs, action):
@@ -233,20 +189,8 @@ class Agent(nn.Module):
     def __init__(self, obs_dim: int, n_actions: int):
         super().__init__()
         # detail 13: separate actor and critic networks
-        self.critic = nn.Sequential(
-            layer_init(nn.Linear(obs_dim, 64)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, 64)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, 1), std=1.0),
-        )
-        self.actor = nn.Sequential(
-            layer_init(nn.Linear(obs_dim, 64)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, 64)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, n_actions), std=0.01),
-        )
+        self.critic = mlp(obs_dim, 1, out_std=1.0)
+        self.actor = mlp(obs_dim, n_actions, out_std=0.01)
 
     def get_value(self, x):
         return self.critic(x).squeeze(-1)
@@ -258,16 +202,17 @@ class Agent(nn.Module):
         return action, categorical_logprob(log_probs, action)
 
     def get_action_and_value(self, x, action):
-        """The update's forward pass: the stored action with its new log-probability, the entropy and the value."""
+        """The update's forward pass: the stored action, its new log-probability, the entropy, the value."""
         log_probs = self.actor(x).log_softmax(-1)
-        return action, categorical_logprob(log_probs, action), categorical_entropy(log_probs), self.get_value(x)
+        logprob, entropy = categorical_logprob(log_probs, action), categorical_entropy(log_probs)
+        return action, logprob, entropy, self.get_value(x)
 
     def greedy_action(self, x):
         return self.actor(x).argmax(dim=-1)
 
 
 def compute_gae(rewards, values, next_values, terminations, dones, gamma, gae_lambda):
-    """Generalized advantage estimates for a rollout of shape (num_steps, num_envs), in numpy.
+    """Generalized advantage estimates (detail 5) for a rollout of shape (num_steps, num_envs), in numpy.
 
     next_values[t] is the value of the state reached after step t (the final observation's value
     if the episode ended at t). terminations[t] zeroes that bootstrap (the episode really ended);
@@ -277,7 +222,7 @@ def compute_gae(rewards, values, next_values, terminations, dones, gamma, gae_la
     advantages = np.zeros_like(rewards)
     lastgaelam = np.zeros_like(rewards[0])
     for t in reversed(range(rewards.shape[0])):
-        # detail 15: only a true termination zeroes the bootstrap; a truncation keeps next_values
+        # detail G2: only a true termination zeroes the bootstrap; a truncation keeps next_values
         delta = rewards[t] + gamma * (1.0 - terminations[t]) * next_values[t] - values[t]
         lastgaelam = delta + gamma * gae_lambda * (1.0 - dones[t]) * lastgaelam
         advantages[t] = lastgaelam
@@ -303,6 +248,243 @@ def value_loss(newvalue, values, returns, clip_coef, clip_vloss):
     return 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
 
 
+def main(args: Args) -> dict:
+    # 1. setup
+    check_args(args)
+    torch.set_num_threads(args.num_threads)  # a small MLP runs fastest on one thread, busy machine or not
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    if args.cuda and not torch.cuda.is_available():
+        print("--cuda: no GPU available, running on the CPU")
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    if args.eval_checkpoint is not None:
+        return evaluate_checkpoint(args, device)
+
+    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    run_dir = os.path.join(args.runs_dir, run_name)
+    writer = SummaryWriter(run_dir)
+    writer.add_text(
+        "hyperparameters",
+        "|param|value|\n|-|-|\n" + "\n".join(f"|{key}|{value}|" for key, value in vars(args).items()),
+    )
+
+    envs = make_vector_env(args.env_id, args.num_envs)
+    obs_dim = envs.single_observation_space.shape[0]
+    n_actions = int(envs.single_action_space.n)
+    agent = Agent(obs_dim, n_actions).to(device)
+    # detail 3; fused: one kernel for all parameters instead of a dozen small ops each
+    optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+
+    # rollout storage in numpy: per-step writes cost less than into torch tensors, and the batch
+    # moves to torch (and the device) once per rollout
+    obs = np.zeros((args.num_steps, args.num_envs, obs_dim), dtype=np.float32)
+    actions = np.zeros((args.num_steps, args.num_envs), dtype=np.int64)
+    logprobs = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
+    rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
+    terminations = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
+    dones = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
+    # final observations of the episodes cut by the time limit, kept for the bootstrap (detail G2)
+    final_obs = np.zeros((args.num_steps, args.num_envs, obs_dim), dtype=np.float32)
+
+    def to_torch(x):
+        return torch.as_tensor(x, device=device)
+
+    episodic_returns, eval_returns = [], []
+    global_step, interrupted = 0, False
+    rollout_time = update_time = 0.0
+    start_time, start_cpu = time.time(), time.process_time()
+    next_obs, _ = envs.reset(seed=args.seed)
+    envs.action_space.seed(args.seed)
+    try:
+        for iteration in range(1, args.num_iterations + 1):
+            if args.anneal_lr:  # detail 4
+                lrnow = (1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate
+                optimizer.param_groups[0]["lr"] = lrnow
+
+            # 2. rollout
+            rollout_start = time.perf_counter()
+            for step in range(args.num_steps):
+                global_step += args.num_envs
+                obs[step] = next_obs
+                with torch.inference_mode():  # the actor only: the critic's values come after the rollout
+                    action, logprob = agent.get_action(to_torch(next_obs))
+                actions[step], logprobs[step] = action.cpu().numpy(), logprob.cpu().numpy()
+
+                next_obs, reward, terminated, truncated, infos = envs.step(actions[step])
+                done = np.logical_or(terminated, truncated)
+                rewards[step] = reward
+                terminations[step], dones[step] = terminated, done
+                cut = truncated & ~terminated
+                if cut.any():  # details G1 and G2: the final observation, for the bootstrap
+                    real_next_obs = final_observations(next_obs, infos)
+                    final_obs[step, cut] = real_next_obs[cut]
+                if "_episode" in infos:  # detail G3
+                    for i in np.flatnonzero(infos["_episode"]):
+                        episodic_return = float(infos["episode"]["r"][i])
+                        episodic_returns.append(episodic_return)
+                        writer.add_scalar("charts/episodic_return", episodic_return, global_step)
+                        writer.add_scalar("charts/episodic_length", infos["episode"]["l"][i], global_step)
+            rollout_time += time.perf_counter() - rollout_start
+
+            # 3. advantages
+            update_start = time.perf_counter()
+            # the critic does not change during the rollout, so the values of all its states (and of the
+            # states after it) come from one batched forward pass instead of one per step
+            cut = (dones == 1) & (terminations == 0)
+            with torch.inference_mode():
+                states = np.concatenate([obs.reshape(-1, obs_dim), next_obs, final_obs[cut]])
+                all_values = agent.get_value(to_torch(states)).cpu().numpy()
+            values, last_values, cut_values = np.split(
+                all_values, [args.batch_size, args.batch_size + args.num_envs]
+            )
+            values = values.reshape(args.num_steps, args.num_envs)
+            # the state after step t is obs[t + 1] unless the episode ended at t (detail G1)
+            next_values = np.concatenate([values[1:], last_values[None]])
+            next_values[cut] = cut_values  # detail G2
+            advantages, returns = compute_gae(  # detail 5
+                rewards, values, next_values, terminations, dones, args.gamma, args.gae_lambda
+            )
+
+            b_obs = to_torch(obs.reshape((-1, obs_dim)))
+            b_actions = to_torch(actions.reshape(-1))
+            b_logprobs = to_torch(logprobs.reshape(-1))
+            b_advantages = to_torch(advantages.reshape(-1))
+            b_returns = to_torch(returns.reshape(-1))
+            b_values = to_torch(values.reshape(-1))
+
+            # 4. update
+            clipfracs = []
+            for epoch in range(args.update_epochs):
+                b_inds = torch.randperm(args.batch_size, device=device)
+                for start in range(0, args.batch_size, args.minibatch_size):  # detail 6
+                    mb_inds = b_inds[start : start + args.minibatch_size]
+                    _, newlogprob, entropy, newvalue = agent.get_action_and_value(
+                        b_obs[mb_inds], b_actions[mb_inds]
+                    )
+                    mb_advantages = b_advantages[mb_inds]
+                    if args.norm_adv:  # detail 7
+                        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+                    pg_loss, ratio, logratio = policy_loss(
+                        newlogprob, b_logprobs[mb_inds], mb_advantages, args.clip_coef
+                    )
+                    v_loss = value_loss(
+                        newvalue, b_values[mb_inds], b_returns[mb_inds], args.clip_coef, args.clip_vloss
+                    )
+                    entropy_loss = entropy.mean()
+                    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef  # detail 10
+
+                    with torch.no_grad():  # detail 12
+                        old_approx_kl = (-logratio).mean()
+                        approx_kl = ((ratio - 1) - logratio).mean()
+                        clipfracs.append(((ratio - 1.0).abs() > args.clip_coef).float().mean())
+
+                    optimizer.zero_grad()
+                    loss.backward()
+                    # detail 11: the gradient of all parameters together clipped to norm max_grad_norm
+                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
+                    optimizer.step()
+
+                if args.target_kl is not None and approx_kl > args.target_kl:
+                    break
+
+            y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
+            var_y = np.var(y_true)
+            explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y  # detail 12
+            update_time += time.perf_counter() - update_start
+
+            # 5. logging
+            writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+            writer.add_scalar("losses/value_loss", v_loss.item(), global_step)
+            writer.add_scalar("losses/policy_loss", pg_loss.item(), global_step)
+            writer.add_scalar("losses/entropy", entropy_loss.item(), global_step)
+            writer.add_scalar("losses/old_approx_kl", old_approx_kl.item(), global_step)
+            writer.add_scalar("losses/approx_kl", approx_kl.item(), global_step)
+            writer.add_scalar("losses/clipfrac", torch.stack(clipfracs).mean().item(), global_step)
+            writer.add_scalar("losses/explained_variance", explained_var, global_step)
+            writer.add_scalar("charts/SPS", int(global_step / (time.time() - start_time)), global_step)
+            writer.add_scalar("charts/rollout_time", rollout_time, global_step)
+            writer.add_scalar("charts/update_time", update_time, global_step)
+            if iteration % 20 == 0 or iteration == args.num_iterations:
+                print(f"global_step={global_step} SPS={int(global_step / (time.time() - start_time))} "
+                      f"mean return (last 100 episodes)={np.mean(episodic_returns[-100:] or [np.nan]):.1f}")
+    except KeyboardInterrupt:
+        interrupted = True
+        print(f"interrupted at global_step={global_step}: keeping the logs, skipping evaluation")
+    finally:
+        envs.close()
+    elapsed = time.time() - start_time
+    # CPU seconds of this process: the speed it would have alone on a core, when others share the machine
+    print(f"{global_step} steps in {elapsed:.1f} s ({global_step / elapsed:.0f} steps/s, "
+          f"{global_step / (time.process_time() - start_cpu):.0f} per CPU second; "
+          f"rollout {rollout_time:.1f} s, update {update_time:.1f} s); "
+          f"mean return of the last 100 episodes: {np.mean(episodic_returns[-100:] or [np.nan]):.1f}")
+
+    # 6. save / evaluate
+    try:
+        if args.save_model:
+            save_agent(agent, args, obs_dim, n_actions, run_dir)
+        if args.eval_episodes > 0 and not interrupted:
+            eval_returns = evaluate(agent, args.env_id, args.eval_episodes, args.seed + 100_000, device)
+            for i, eval_return in enumerate(eval_returns):
+                writer.add_scalar("eval/episodic_return", eval_return, i)
+            print(f"eval (greedy action): {np.mean(eval_returns):.2f} +- {np.std(eval_returns):.2f} "
+                  f"over {len(eval_returns)} episodes")
+    except KeyboardInterrupt:  # a Ctrl-C while saving or evaluating
+        print("interrupted while saving or evaluating: keeping the logs, skipping the rest")
+    finally:
+        writer.close()
+    return {"run_dir": run_dir, "episodic_returns": episodic_returns, "eval_returns": eval_returns,
+            "rollout_time": rollout_time, "update_time": update_time}
+
+
+# Plumbing below: argument checks, evaluation and checkpoints. Not needed to follow the algorithm.
+
+def check_args(args: Args) -> None:
+    """Fill in the derived sizes and reject bad input with a one-line message, before any work."""
+
+    def fail(msg):
+        raise SystemExit(f"error: {msg}")
+
+    positive = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "num_threads",
+                "learning_rate", "clip_coef")
+    for flag in positive:
+        if not getattr(args, flag) > 0:
+            fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
+    for flag in ("gamma", "gae_lambda"):
+        if not 0.0 < getattr(args, flag) <= 1.0:
+            fail(f"--{flag.replace('_', '-')} must be in (0, 1], got {getattr(args, flag)}")
+    if args.eval_episodes < 0:
+        fail(f"--eval-episodes must be >= 0, got {args.eval_episodes}")
+    if args.eval_checkpoint is not None:
+        if args.eval_episodes == 0:
+            fail("--eval-checkpoint needs --eval-episodes of at least 1")
+        if not os.path.isfile(args.eval_checkpoint):
+            fail(f"--eval-checkpoint {args.eval_checkpoint} is not a file; pass the path of a saved agent.pt")
+        return
+    try:
+        env = gym.make(args.env_id)
+    except gym.error.Error as e:
+        fail(f"--env-id {args.env_id} cannot be made ({e.__class__.__name__}); pass a registered gym id")
+    action_space, observation_space = env.action_space, env.observation_space
+    env.close()
+    if not isinstance(action_space, gym.spaces.Discrete):
+        fail(f"--env-id {args.env_id} has a {type(action_space).__name__} action space; this script needs "
+             "a Discrete one (use ppo_walker2d.py for continuous actions)")
+    if not isinstance(observation_space, gym.spaces.Box) or len(observation_space.shape) != 1:
+        fail(f"--env-id {args.env_id} has {observation_space} observations; this script's MLP needs flat "
+             "(1-d) Box observations")
+    args.batch_size = args.num_envs * args.num_steps
+    if args.batch_size % args.num_minibatches != 0:
+        fail(f"--num-minibatches {args.num_minibatches} does not divide the batch size {args.batch_size} "
+             "(--num-envs x --num-steps); choose a divisor")
+    args.minibatch_size = args.batch_size // args.num_minibatches
+    args.num_iterations = args.total_timesteps // args.batch_size
+    if args.num_iterations == 0:
+        fail(f"--total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size}); raise it")
+
+
 def evaluate(agent, env_id, episodes, seed, device):
     """Returns of `episodes` episodes of the greedy (argmax) policy on fresh, separately seeded envs."""
     env = gym.make(env_id)
@@ -321,195 +503,44 @@ def evaluate(agent, env_id, episodes, seed, device):
     return episodic_returns
 
 
-def load_agent(path, device):
-    checkpoint = torch.load(path, map_location=device, weights_only=True)
-    agent = Agent(checkpoint["obs_dim"], checkpoint["n_actions"]).to(device)
-    agent.load_state_dict(checkpoint["model"])
-    return agent, checkpoint
-
-
 def save_agent(agent, args, obs_dim, n_actions, run_dir):
     path = os.path.join(run_dir, "agent.pt")
-    checkpoint = {"model": agent.state_dict(), "obs_dim": obs_dim, "n_actions": n_actions, "env_id": args.env_id}
+    checkpoint = {
+        "model": agent.state_dict(),
+        "obs_dim": obs_dim,
+        "n_actions": n_actions,
+        "env_id": args.env_id,
+    }
     torch.save(checkpoint, path)
     print(f"agent saved to {path}")
+    return path
 
 
-def main(args: Args) -> dict:
-    # 1. setup
-    check_args(args)
-    torch.set_num_threads(args.num_threads)  # detail 16
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    if args.cuda and not torch.cuda.is_available():
-        print("--cuda: no GPU available, running on the CPU")
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-
-    if args.eval_checkpoint is not None:
-        agent, checkpoint = load_agent(args.eval_checkpoint, device)
-        eval_returns = evaluate(agent, checkpoint["env_id"], args.eval_episodes, args.seed + 100_000, device)
-        print(f"eval of {args.eval_checkpoint}: {np.mean(eval_returns):.2f} +- {np.std(eval_returns):.2f} "
-              f"over {len(eval_returns)} episodes")
-        return {"eval_returns": eval_returns}
-
-    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    run_dir = os.path.join(args.runs_dir, run_name)
-    writer = SummaryWriter(run_dir)
-    writer.add_text(
-        "hyperparameters",
-        "|param|value|\n|-|-|\n" + "\n".join(f"|{key}|{value}|" for key, value in vars(args).items()),
-    )
-
-    envs = make_vector_env(args.env_id, args.num_envs)
-    obs_dim = envs.single_observation_space.shape[0]
-    n_actions = int(envs.single_action_space.n)
-    agent = Agent(obs_dim, n_actions).to(device)
-    # detail 3; fused: one kernel for all parameters instead of a dozen small ops each (2-3x faster here)
-    optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
-
-    # rollout storage in numpy: per-step writes are ~10x cheaper than into torch tensors, and the
-    # batch moves to torch (and the device) once per rollout
-    obs = np.zeros((args.num_steps, args.num_envs, obs_dim), dtype=np.float32)
-    actions = np.zeros((args.num_steps, args.num_envs), dtype=np.int64)
-    logprobs = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
-    rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
-    terminations = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
-    dones = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
-    # observations that ended an episode by truncation, kept for the bootstrap (detail 15)
-    final_obs = np.zeros((args.num_steps, args.num_envs, obs_dim), dtype=np.float32)
-
-    def to_torch(x):
-        return torch.as_tensor(x, device=device)
-
-    episodic_returns, eval_returns = [], []
-    global_step, interrupted = 0, False
-    rollout_time = update_time = 0.0
-    start_time = time.time()
-    next_obs, _ = envs.reset(seed=args.seed)
+def load_agent(path, device):
+    """The agent and checkpoint that save_agent wrote to `path`; a one-line error for any other file."""
+    fix = "pass an agent.pt saved by ppo_cartpole.py --save-model"
     try:
-        for iteration in range(1, args.num_iterations + 1):
-            if args.anneal_lr:  # detail 4
-                lrnow = (1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate
-                optimizer.param_groups[0]["lr"] = lrnow
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # a truncated or corrupt file fails in the zip reader or the unpickler
+        raise SystemExit(f"error: --eval-checkpoint {path} cannot be read ({e.__class__.__name__}); {fix}")
+    try:  # e.g. ppo_walker2d.py's agent.pt holds a Gaussian policy: act_dim, not n_actions
+        agent = Agent(checkpoint["obs_dim"], checkpoint["n_actions"])
+        agent.load_state_dict(checkpoint["model"])  # raises on missing, unexpected or mis-shaped weights
+        gym.spec(checkpoint["env_id"])
+    except Exception as e:
+        what = f"no {e}" if isinstance(e, KeyError) else e.__class__.__name__
+        raise SystemExit(f"error: --eval-checkpoint {path} is not an agent.pt of ppo_cartpole.py ({what}); "
+                         f"{fix}")
+    return agent.to(device), checkpoint
 
-            # 2. rollout
-            rollout_start = time.perf_counter()
-            for step in range(args.num_steps):
-                global_step += args.num_envs
-                obs[step] = next_obs
-                with torch.inference_mode():
-                    action, logprob = agent.get_action(to_torch(next_obs))
-                actions[step], logprobs[step] = action.cpu().numpy(), logprob.cpu().numpy()
 
-                next_obs, rewards[step], terminations[step], truncated, infos = envs.step(actions[step])
-                dones[step] = np.logical_or(terminations[step], truncated)
-                for i in np.flatnonzero(truncated & (terminations[step] == 0)):
-                    final_obs[step, i] = infos["final_obs"][i]
-                if "_episode" in infos:
-                    for i in np.flatnonzero(infos["_episode"]):
-                        episodic_return = float(infos["episode"]["r"][i])
-                        episodic_returns.append(episodic_return)
-                        writer.add_scalar("charts/episodic_return", episodic_return, global_step)
-                        writer.add_scalar("charts/episodic_length", int(infos["episode"]["l"][i]), global_step)
-
-            rollout_time += time.perf_counter() - rollout_start
-
-            # 3. advantages
-            update_start = time.perf_counter()
-            # detail 18: the critic does not change during the rollout, so the values of all its states (and
-            # of the states after it) come from one batched forward pass instead of one per step
-            cut = (dones == 1) & (terminations == 0)
-            with torch.inference_mode():
-                states = np.concatenate([obs.reshape(-1, obs_dim), next_obs, final_obs[cut]])
-                all_values = agent.get_value(to_torch(states)).cpu().numpy()
-            values, last_values, cut_values = np.split(all_values, [args.batch_size, args.batch_size + args.num_envs])
-            values = values.reshape(args.num_steps, args.num_envs)
-            # the state after step t is obs[t + 1] unless the episode ended at t (detail 14)
-            next_values = np.concatenate([values[1:], last_values[None]])
-            next_values[cut] = cut_values
-            advantages, returns = compute_gae(  # detail 5
-                rewards, values, next_values, terminations, dones, args.gamma, args.gae_lambda
-            )
-
-            b_obs = to_torch(obs.reshape((-1, obs_dim)))
-            b_actions = to_torch(actions.reshape(-1))
-            b_logprobs = to_torch(logprobs.reshape(-1))
-            b_advantages = to_torch(advantages.reshape(-1))
-            b_returns = to_torch(returns.reshape(-1))
-            b_values = to_torch(values.reshape(-1))
-
-            # 4. update
-            b_inds = np.arange(args.batch_size)
-            clipfracs = []
-            for epoch in range(args.update_epochs):
-                np.random.shuffle(b_inds)
-                for start in range(0, args.batch_size, args.minibatch_size):  # detail 6
-                    mb_inds = b_inds[start : start + args.minibatch_size]
-                    _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
-                    mb_advantages = b_advantages[mb_inds]
-                    if args.norm_adv:  # detail 7
-                        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-                    pg_loss, ratio, logratio = policy_loss(newlogprob, b_logprobs[mb_inds], mb_advantages, args.clip_coef)
-                    v_loss = value_loss(newvalue, b_values[mb_inds], b_returns[mb_inds], args.clip_coef, args.clip_vloss)
-                    entropy_loss = entropy.mean()
-                    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef  # detail 10
-
-                    with torch.no_grad():  # detail 12
-                        old_approx_kl = (-logratio).mean()
-                        approx_kl = ((ratio - 1) - logratio).mean()
-                        clipfracs.append(((ratio - 1.0).abs() > args.clip_coef).float().mean().item())
-
-                    optimizer.zero_grad()
-                    loss.backward()
-                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)  # detail 11
-                    optimizer.step()
-
-                if args.target_kl is not None and approx_kl > args.target_kl:
-                    break
-
-            y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
-            var_y = np.var(y_true)
-            explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
-            update_time += time.perf_counter() - update_start
-
-            # 5. logging
-            writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-            writer.add_scalar("losses/value_loss", v_loss.item(), global_step)
-            writer.add_scalar("losses/policy_loss", pg_loss.item(), global_step)
-            writer.add_scalar("losses/entropy", entropy_loss.item(), global_step)
-            writer.add_scalar("losses/old_approx_kl", old_approx_kl.item(), global_step)
-            writer.add_scalar("losses/approx_kl", approx_kl.item(), global_step)
-            writer.add_scalar("losses/clipfrac", np.mean(clipfracs), global_step)
-            writer.add_scalar("losses/explained_variance", explained_var, global_step)
-            writer.add_scalar("charts/SPS", int(global_step / (time.time() - start_time)), global_step)
-            writer.add_scalar("charts/rollout_time", rollout_time, global_step)
-            writer.add_scalar("charts/update_time", update_time, global_step)
-    except KeyboardInterrupt:
-        interrupted = True
-        print(f"interrupted at global_step={global_step}: keeping the logs, skipping evaluation")
-    finally:
-        envs.close()
-    print(f"{global_step} steps in {time.time() - start_time:.1f} s (rollout {rollout_time:.1f} s, update "
-          f"{update_time:.1f} s); mean return of the last 100 episodes: "
-          f"{np.mean(episodic_returns[-100:] or [np.nan]):.1f}")
-
-    # 6. save / evaluate
-    try:
-        if args.save_model:
-            save_agent(agent, args, obs_dim, n_actions, run_dir)
-        if args.eval_episodes > 0 and not interrupted:
-            eval_returns = evaluate(agent, args.env_id, args.eval_episodes, args.seed + 100_000, device)
-            for i, eval_return in enumerate(eval_returns):
-                writer.add_scalar("eval/episodic_return", eval_return, i)
-            print(f"eval: {np.mean(eval_returns):.2f} +- {np.std(eval_returns):.2f} "
-                  f"over {len(eval_returns)} episodes")
-    except KeyboardInterrupt:  # a Ctrl-C while saving or evaluating
-        print("interrupted while saving or evaluating: keeping the logs, skipping the rest")
-    finally:
-        writer.close()
-    return {"run_dir": run_dir, "episodic_returns": episodic_returns, "eval_returns": eval_returns}
+def evaluate_checkpoint(args: Args, device) -> dict:
+    """--eval-checkpoint: evaluate a saved agent on its own env; no training."""
+    agent, checkpoint = load_agent(args.eval_checkpoint, device)
+    eval_returns = evaluate(agent, checkpoint["env_id"], args.eval_episodes, args.seed + 100_000, device)
+    print(f"eval (greedy action) of {args.eval_checkpoint}: {np.mean(eval_returns):.2f} "
+          f"+- {np.std(eval_returns):.2f} over {len(eval_returns)} episodes")
+    return {"eval_returns": eval_returns}
 
 
 if __name__ == "__main__":

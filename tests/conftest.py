@@ -169,6 +169,26 @@ def fails_fast(tmp_path):
     return check
 
 
+def unusable_checkpoint(kind, saved, foreign, path):
+    """Write to `path` a file that `--eval-checkpoint` must refuse, and return `path`: the script's own agent.pt
+    `saved` cut short ("truncated"), bytes that are no checkpoint ("corrupt"), the other PPO script's agent.pt
+    `foreign` ("foreign"), or `saved` with its obs_dim raised by one, so the weights have the wrong shape
+    ("another network")."""
+    if kind == "truncated":  # e.g. a copy or download cut short
+        data = Path(saved).read_bytes()
+        path.write_bytes(data[: len(data) // 2])
+    elif kind == "corrupt":
+        path.write_bytes(b"not a checkpoint\n" * 100)
+    elif kind == "foreign":
+        path.write_bytes(Path(foreign).read_bytes())
+    else:
+        assert kind == "another network", kind
+        checkpoint = torch.load(saved, weights_only=True)
+        checkpoint["obs_dim"] += 1
+        torch.save(checkpoint, path)
+    return path
+
+
 # ---------------------------------------------------------------------------- watching a real run (wiring tests)
 
 

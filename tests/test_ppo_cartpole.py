@@ -5,7 +5,8 @@ import pytest
 import torch
 
 import ppo_cartpole
-from conftest import check_ppo_update_wiring, value_of
+import ppo_walker2d
+from conftest import check_ppo_update_wiring, unusable_checkpoint, value_of
 
 SHARED_TAGS = [
     "charts/episodic_return",
@@ -165,8 +166,8 @@ def short_run(tmp_path_factory):
 
 def test_short_run_logs_every_tag(short_run, cartpole_run_logs):
     acc = cartpole_run_logs(short_run, SHARED_TAGS)
-    # detail 4: iteration i of n runs at (1 - (i - 1) / n) of the initial rate
-    n, lr = -(-3000 // (8 * 32)), ppo_cartpole.Args().learning_rate
+    # detail 4: iteration i of n runs at (1 - (i - 1) / n) of the initial rate; n rounded down, as in ppo_walker2d.py
+    n, lr = 3000 // (8 * 32), ppo_cartpole.Args().learning_rate
     logged = [e.value for e in acc.Scalars("charts/learning_rate")]
     assert logged == pytest.approx([lr * (1 - i / n) for i in range(n)], rel=1e-6)
 
@@ -181,8 +182,8 @@ def test_same_seed_same_run(seeded_runs):
 
 def test_learns_within_50k_steps(tmp_path):
     result = ppo_cartpole.main(small_args(tmp_path, total_timesteps=50_000, eval_episodes=0, save_model=False))
-    # The mean of the last 30 episodes after 50k steps, seeds 1-20: 100-500 (median 268). With --learning-rate 0 it
-    # is 21-26 (random play), with negated advantages 9. A run is reproducible only on one machine (the CPU changes
+    # The mean of the last 30 episodes after 50k steps, seeds 1-20: 100-500 (median 268). Without learning (random
+    # play) it is 21-26, with negated advantages 9. A run is reproducible only on one machine (the CPU changes
     # the floating-point path), so the bound leaves room for an unlucky draw on another one.
     assert np.mean(result["episodic_returns"][-30:]) >= 60
 
@@ -281,7 +282,7 @@ def test_clip_vloss_switches_to_the_clipped_value_loss(tmp_path, spy, clip_vloss
 
 def test_target_kl_stops_the_epochs_of_an_update(tmp_path, spy):
     watch = spy(ppo_cartpole, ["compute_gae", "policy_loss"])
-    args = tiny_args(tmp_path, update_epochs=4, target_kl=1e-3)
+    args = tiny_args(tmp_path, update_epochs=4, target_kl=1e-4)
     ppo_cartpole.main(args)
     epochs_run = []
     for gae, *pg in watch.updates(first="compute_gae"):
@@ -314,12 +315,31 @@ def test_learning_rate_is_constant_without_anneal_lr(tmp_path, read_events):
         (dict(env_id="NoSuchEnv-v0"), "--env-id"),
         (dict(env_id="FrozenLake-v1"), "--env-id"),  # Discrete observations: the MLP needs a flat Box
         (dict(gamma=1.5), "--gamma"),
+        (dict(gamma=0.0), "--gamma"),
         (dict(gae_lambda=-0.1), "--gae-lambda"),
+        (dict(gae_lambda=0.0), "--gae-lambda"),
+        (dict(gae_lambda=1.5), "--gae-lambda"),
+        (dict(learning_rate=0.0), "--learning-rate"),
+        (dict(learning_rate=-1e-3), "--learning-rate"),
         (dict(clip_coef=0.0), "--clip-coef"),
+        (dict(clip_coef=-0.2), "--clip-coef"),
         (dict(total_timesteps=0), "--total-timesteps"),
         (dict(total_timesteps=-5), "--total-timesteps"),
+        (dict(total_timesteps=100), "--total-timesteps"),  # less than one batch of 8 x 32
         (dict(eval_checkpoint="/no/such/agent.pt"), "--eval-checkpoint"),
     ],
 )
 def test_bad_input_fails_fast_naming_the_flag(fails_fast, kw, flag):
     fails_fast(ppo_cartpole, small_args, kw, flag)
+
+
+@pytest.mark.parametrize("kind", ["truncated", "corrupt", "foreign", "another network"])
+def test_a_checkpoint_this_script_did_not_save_fails_fast(tmp_path, fails_fast, kind):
+    saved = ppo_cartpole.save_agent(ppo_cartpole.Agent(4, 2), ppo_cartpole.Args(), 4, 2, str(tmp_path))
+    (tmp_path / "walker").mkdir()  # ppo_walker2d.py's agent.pt: a Gaussian policy, act_dim, normalization statistics
+    foreign = ppo_walker2d.save_agent(ppo_walker2d.Agent(17, 6), ppo_walker2d.RunningMeanStd(17),
+                                      ppo_walker2d.RewardScaler(1, 0.99, 10.0), ppo_walker2d.Args(), 17, 6,
+                                      str(tmp_path / "walker"))
+    path = unusable_checkpoint(kind, saved, foreign, tmp_path / "bad.pt")
+    fails_fast(ppo_cartpole, small_args, dict(eval_checkpoint=str(path)),
+               "--eval-checkpoint .* pass an agent.pt saved by ppo_cartpole.py --save-model")
