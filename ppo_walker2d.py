@@ -1,14 +1,14 @@
 """Proximal Policy Optimization (PPO) with a diagonal Gaussian policy on MuJoCo Walker2d-v5.
 
-Paper: Schulman et al. 2017, "Proximal Policy Optimization Algorithms" (arXiv:1707.06347); GAE from
+Papers: Schulman et al. 2017, "Proximal Policy Optimization Algorithms" (arXiv:1707.06347); GAE from
 Schulman et al. 2016, "High-Dimensional Continuous Control Using Generalized Advantage Estimation".
 Structure after CleanRL's `ppo_continuous_action.py`; details numbered after Huang et al. 2022, "The 37
-Implementation Details of Proximal Policy Optimization". Works on any env with a Box action space
-(`--env-id Hopper-v5`, `HalfCheetah-v5`, ...).
+Implementation Details of Proximal Policy Optimization". Any env with a Box action space works.
+Results, and why the defaults differ from CleanRL's: docs/results/ppo_walker2d.md.
 
 Usage:
     python ppo_walker2d.py --seed 1
-    python ppo_walker2d.py --save-model --eval-episodes 10 --capture-video
+    python ppo_walker2d.py --save-model --capture-video      # agent.pt and evaluation videos in the run dir
     python ppo_walker2d.py --eval-checkpoint runs/<run_name>/agent.pt [--eval-sample]
     python ppo_walker2d.py --env-id Hopper-v5 --gamma 0.99
     tensorboard --logdir runs
@@ -24,87 +24,39 @@ What the code computes, with the names it uses (t is a step, one rollout holds n
     pg_loss      = mean(max(-A * ratio, -A * clip(ratio, 1 - clip_coef, 1 + clip_coef)))
     v_loss       = 0.5 * mean((V - R)^2)    (or the clipped form with --clip-vloss)
     loss         = pg_loss - ent_coef * entropy + vf_coef * v_loss
-`s_t` is the normalized observation and `rewards_t` the scaled reward (details 19-22).
-`next_values_t` is the value of the state the env really reached after step t: the next observation,
-or the final observation of an episode that ended at t (autoreset has already replaced it).
-`terminations_t` zeroes the bootstrap only for a true termination (the walker fell); `dones_t`
-(termination or truncation) stops the advantage from flowing back across an episode boundary.
+s_t is the normalized observation, rewards_t the scaled reward (details 19-22), next_values_t the value of
+the state the env reached after step t (the final observation if the episode ended at t).
 
-Implementation details (each is marked "detail N" where it happens):
- 1. Vectorized environments: `num_envs` walkers stepped in lockstep, one batched forward per step.
- 2. Orthogonal weight init (gain sqrt(2) hidden, 0.01 policy head, 1 value head), zero biases.
- 3. Adam with eps=1e-5.
- 4. Learning rate annealed linearly to 0 over training.
+Implementation details, each marked "detail N" where it happens:
+ 1. Vectorized environments: num_envs walkers stepped in lockstep, one batched forward pass per step.
+ 2. Orthogonal weight init (gain sqrt(2) hidden, 0.01 policy head, 1 value head), constant (zero) bias.
+ 3. Adam with eps 1e-5.
+ 4. Learning rate annealed linearly to 0.
  5. Generalized Advantage Estimation (gamma, gae_lambda).
- 6. Minibatch updates: `update_epochs` passes over the shuffled batch in `num_minibatches` pieces.
+ 6. Minibatch updates: update_epochs passes over the shuffled batch in num_minibatches pieces.
  7. Advantage normalization, per minibatch.
- 8. Clipped surrogate policy objective.
- 9. Clipped value loss (off by default, see below).
-10. Entropy bonus (coefficient 0 by default, as in CleanRL's continuous PPO).
+ 8. Clipped surrogate objective.
+ 9. Value-loss clipping (--clip-vloss).
+10. Overall loss pg_loss - ent_coef * entropy + vf_coef * v_loss; the entropy bonus is off by default.
 11. Global gradient-norm clipping.
 12. Debug variables: old_approx_kl, approx_kl (the k3 estimator), clipfrac, explained_var.
-13. Separate actor and critic networks (no shared trunk).
-Continuous actions:
+13. Separate policy and value networks.
 14. Actions drawn from a Normal distribution whose mean is the actor's output.
 15. State-independent log standard deviation: one learned parameter per action dimension.
-16. Independent action components: the log-probability is the sum over dimensions.
-17. Separate MLPs for the mean and the value (detail 13), both 64x64 tanh.
-18. Actions clipped to the action bounds only when sent to the env; the unclipped sample is stored
-    and scored, so the log-probability matches the distribution that produced it.
-19. Observation normalization by a running mean and variance ...
-20. ... then clipped to [-10, 10].
-21. Reward scaling: rewards divided by the running std of the discounted return ...
-22. ... then clipped to [-10, 10].
-Beyond CleanRL:
-23. Correct on gymnasium 1.x: SAME_STEP autoreset, so the observation after a step that ended an
-    episode is the first of the next episode and the finished one's last state arrives in
-    `infos["final_obs"]`; episode statistics come from the vector `RecordEpisodeStatistics` wrapper,
-    which sees the raw rewards because normalization happens here in the script, not in wrappers.
-24. Truncation is not termination: an episode cut by the 1000-step time limit is bootstrapped with
-    the value of its final observation, normalized like every other observation.
-25. One set of normalization statistics for all envs, kept in this script (`RunningMeanStd`) rather
-    than in per-env wrappers: gymnasium's vector observation wrappers refuse SAME_STEP autoreset and
-    would not normalize `final_obs` anyway. The statistics are saved with the weights.
-26. `--save-model` saves weights and normalization statistics to runs/<run_name>/agent.pt; evaluation
-    (`--eval-episodes` after training, `--eval-checkpoint` for a saved agent) uses the mean action
-    and freezes the statistics; `--capture-video` records evaluation episodes headless. The mean action
-    scores above the training return (no exploration noise); `--eval-sample` samples the actions as
-    training did, the like-for-like check that a checkpoint reproduces the trained agent.
-27. One torch thread by default (`--num-threads`): on a 2-core machine the default thread pool makes
-    a small MLP 3-40x slower whenever anything else runs.
-28. Lean rollout: inference without autograd and of the actor only (the critic is unchanged during the
-    rollout, so the values of all its states come from one batched forward pass afterwards), numpy
-    buffers, normalization and reward scaling done once per step for all envs in numpy, Gaussian
-    sampling and log-probability written out instead of building a `torch.distributions.Normal` per
-    call, unused per-step info dicts dropped (`DropInfo`), GAE in numpy.
-
-Defaults that differ from CleanRL's `ppo_continuous_action.py` (1 env x 2048 steps, 32 minibatches of
-64, 10 epochs, lr 3e-4, gamma 0.99, vf_coef 0.5, clipped value loss, initial log-std 0) mostly follow
-Tianshou's PPO MuJoCo example (`examples/mujoco/mujoco_ppo.py`: 8 envs, vf_coef 0.25, no value
-clipping, initial log-std -0.5):
-- `num_envs` 8 x `num_steps` 256: the same 2048-step batch, but 8 episodes in flight decorrelate it,
-  and one batched forward serves 8 env steps, which makes the rollout cheaper per step.
-- `num_minibatches` 8 (minibatches of 256): a gradient step of this small MLP costs about the same
-  for 64, 128 or 256 samples on a CPU (per-operation overhead dominates), so fewer, larger minibatches
-  cut the update: 91-159 s of a 1M-step run with 8 of 256, 206-295 s with 16 of 128 and 382-469 s
-  with 32 of 64. At lr 3e-4, over 30 Walker2d seeds, 8 of 256 scored the same mean as 16 of 128
-  (3374 against 3387), and over 5 seeds 32 of 64 scored no better (see the README).
-- `learning_rate` 6e-4: Adam moves each weight by about the learning rate per gradient step, whatever
-  the minibatch size, so 8 minibatches of 256 at 3e-4 move the policy half as far per update as 16 of
-  128. Doubling the rate gives that back at the cost of 8 of 256. At 3e-4, HalfCheetah (still improving
-  at 1M steps) lost a third of its return (3236 against 4834 for 16 of 128, 6 seeds); at 6e-4 it
-  scores 4715. Walker2d scores the same within noise (3583 against 3374 at 3e-4, the same 30 seeds);
-  Hopper neither gains nor loses (2385 against 2378, 6 seeds).
-- `vf_coef` 0.25 and no value clipping: value clipping does not help (Andrychowicz et al. 2021, "What
-  Matters in On-Policy Reinforcement Learning?") and slows the critic when value scales change.
-- `init_log_std` -0.5 (std 0.61 instead of 1): less random flailing early on, the walker learns to
-  stay up sooner.
-- `gamma` 0.995 (CleanRL: 0.99), which also sets the horizon of the reward scaling (detail 21): the
-  critic looks ~200 steps ahead instead of ~100, so a fall costs more. Over 30 Walker2d seeds the saved
-  agents' mean-action evaluation lands 8% above the training return instead of 19% (23 of 30 within 10%,
-  against 5 of 30 at 0.99), no run ended below 3,000 (5 of 30 did at 0.99) and the mean rose from 3583
-  to 3881 (p = 0.12). HalfCheetah scores the same. On Hopper, pass `--gamma 0.99`: at 0.995, 3 of 6
-  hoppers learned to stand still for the whole episode, the safest way not to fall.
+16. Independent action components: the log-probability is summed over the dimensions.
+17. Separate MLPs for policy and value, 64x64 tanh each.
+18. Actions clipped to the bounds only when sent to the env; the unclipped sample is stored and scored.
+19. Observation normalization by a running mean and variance,
+20. then clipping to [-obs_clip, obs_clip].
+21. Reward scaling: rewards divided by the running std of the discounted return,
+22. then clipped to [-reward_clip, reward_clip].
+Gymnasium 1.x correctness, marked "detail GN":
+G1. SAME_STEP autoreset: the finished episode's last observation comes from infos["final_obs"].
+G2. Truncation is not termination: a time-limit cut is bootstrapped with V(final_obs); terminations
+    zero the bootstrap, dones (termination or truncation) stop GAE at the episode boundary.
+G3. Episode statistics from the vector RecordEpisodeStatistics wrapper, on the raw rewards.
+G4. One set of normalization statistics, kept in this script rather than in per-env wrappers, applied
+    to final_obs too and saved with the weights; evaluation freezes them.
 """
 
 import os
@@ -123,6 +75,8 @@ from torch.utils.tensorboard import SummaryWriter
 
 @dataclass
 class Args:
+    """Defaults that differ from CleanRL's, and why: docs/results/ppo_walker2d.md#why-these-defaults"""
+
     # experiment
     exp_name: str = os.path.basename(__file__)[: -len(".py")]
     """the name of this experiment (part of the run directory name)"""
@@ -139,14 +93,14 @@ class Args:
     save_model: bool = False
     """save the trained agent and its normalization statistics to <runs_dir>/<run_name>/agent.pt"""
     eval_episodes: int = 10
-    """episodes to evaluate after training, with the mean action unless --eval-sample (0: no evaluation)"""
+    """episodes to evaluate after training, with the mean action unless --eval-sample (0: none)"""
     eval_sample: bool = False
     """evaluate with actions sampled from the policy, as in training, instead of the mean action"""
     eval_checkpoint: str | None = None
     """path to a saved agent.pt: evaluate it for --eval-episodes episodes and exit, no training"""
     capture_video: bool = False
-    """record the evaluation episodes to <run_dir>/videos (with --eval-checkpoint: to a new folder beside the
-    checkpoint); needs moviepy and EGL or OSMesa"""
+    """record the evaluation episodes to <run_dir>/videos (with --eval-checkpoint: to a new folder beside
+    the checkpoint); needs moviepy and EGL or OSMesa"""
 
     # environment
     env_id: str = "Walker2d-v5"
@@ -154,9 +108,9 @@ class Args:
     total_timesteps: int = 1_000_000
     """total environment steps of the experiment (summed over all envs)"""
     num_envs: int = 8
-    """the number of parallel environments"""
+    """the number of parallel environments (CleanRL: 1; 8 episodes in flight decorrelate the batch)"""
     num_steps: int = 256
-    """the number of steps run in each environment per rollout"""
+    """the steps run in each environment per rollout (CleanRL: 2048; 8 x 256 is the same batch size)"""
     obs_clip: float = 10.0
     """normalized observations are clipped to [-obs_clip, obs_clip]"""
     reward_clip: float = 10.0
@@ -164,15 +118,15 @@ class Args:
 
     # algorithm
     learning_rate: float = 6e-4
-    """the learning rate of the optimizer"""
+    """the learning rate (CleanRL: 3e-4; restores the per-update step that fewer minibatches lose)"""
     anneal_lr: bool = True
     """anneal the learning rate linearly to 0"""
     gamma: float = 0.995
-    """the discount factor gamma"""
+    """the discount factor (CleanRL: 0.99; a longer horizon makes falls cost more; Hopper: 0.99)"""
     gae_lambda: float = 0.95
     """the lambda of generalized advantage estimation"""
     num_minibatches: int = 8
-    """the number of minibatches each batch is split into"""
+    """minibatches per batch (CleanRL: 32; larger minibatches cost the same per step on a CPU)"""
     update_epochs: int = 10
     """the number of passes over each batch"""
     norm_adv: bool = True
@@ -180,17 +134,17 @@ class Args:
     clip_coef: float = 0.2
     """the surrogate clipping coefficient"""
     clip_vloss: bool = False
-    """use a clipped value loss"""
+    """use a clipped value loss (CleanRL: on; no help, and it slows the critic when value scales change)"""
     ent_coef: float = 0.0
     """coefficient of the entropy bonus"""
     vf_coef: float = 0.25
-    """coefficient of the value loss"""
+    """coefficient of the value loss (CleanRL: 0.5; Tianshou's MuJoCo PPO uses 0.25)"""
     max_grad_norm: float = 0.5
     """the maximum norm of the global gradient"""
     target_kl: float | None = None
     """stop the epochs of an update early once approx_kl exceeds this (None: never)"""
     init_log_std: float = -0.5
-    """initial value of the policy's log standard deviation"""
+    """initial log std of the policy (CleanRL: 0; less flailing early on, the walker stays up sooner)"""
 
     # computed in check_args
     batch_size: int = 0
@@ -201,48 +155,9 @@ class Args:
     """the number of rollout/update iterations (computed: total_timesteps // batch_size)"""
 
 
-def check_args(args: Args) -> None:
-    """Fill in the derived sizes and reject bad input with a one-line message, before any training."""
-
-    def fail(msg):
-        raise SystemExit(f"error: {msg}")
-
-    for flag in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "num_threads"):
-        if getattr(args, flag) <= 0:
-            fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
-    if args.eval_episodes < 0:
-        fail(f"--eval-episodes must be >= 0, got {args.eval_episodes}")
-    if args.eval_checkpoint is not None:
-        if args.eval_episodes == 0:
-            fail("--eval-checkpoint needs --eval-episodes of at least 1")
-        if not os.path.isfile(args.eval_checkpoint):
-            fail(f"--eval-checkpoint {args.eval_checkpoint} does not exist; pass the path of a saved agent.pt")
-        return
-    try:
-        env = gym.make(args.env_id)
-    except gym.error.Error as e:
-        fail(f"--env-id {args.env_id} cannot be made ({e.__class__.__name__}); pass a registered gymnasium id")
-    action_space, observation_space = env.action_space, env.observation_space
-    env.close()
-    if not isinstance(action_space, gym.spaces.Box):
-        fail(f"--env-id {args.env_id} has a {type(action_space).__name__} action space; this script needs "
-             "a Box one (use ppo_cartpole.py for discrete actions)")
-    if not isinstance(observation_space, gym.spaces.Box) or len(observation_space.shape) != 1:
-        fail(f"--env-id {args.env_id} has {observation_space} observations; this script's MLP needs flat (1-d) "
-             "Box observations")
-    args.batch_size = args.num_envs * args.num_steps
-    if args.batch_size % args.num_minibatches != 0:
-        fail(f"--num-minibatches {args.num_minibatches} does not divide the batch size {args.batch_size} "
-             "(--num-envs x --num-steps); choose a divisor")
-    args.minibatch_size = args.batch_size // args.num_minibatches
-    args.num_iterations = args.total_timesteps // args.batch_size
-    if args.num_iterations == 0:
-        fail(f"--total-timesteps {args.total_timesteps} is smaller than one batch ({args.batch_size}); raise it")
-
-
 class DropInfo(gym.Wrapper):
-    """Detail 28: drops the per-step info dict (reward terms, positions), unused here; merging it into
-    arrays costs the vector env about a tenth of the physics' time."""
+    """Drops the per-step info dict (reward terms, positions), unused here: merging it into arrays
+    costs the vector env a noticeable share of the physics' time."""
 
     def step(self, action):
         obs, reward, terminated, truncated, _ = self.env.step(action)
@@ -258,12 +173,23 @@ def make_env(env_id: str):
 
 
 def make_vector_env(env_id: str, num_envs: int):
-    # detail 1 and 23: lockstep envs that reset inside the step that ends an episode (SAME_STEP),
+    # details 1, G1 and G3: lockstep envs that reset inside the step that ends an episode (SAME_STEP),
     # with raw episode returns and lengths recorded on the vector env
     envs = gym.vector.SyncVectorEnv(
         [make_env(env_id) for _ in range(num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
     )
     return gym.wrappers.vector.RecordEpisodeStatistics(envs)
+
+
+def final_observations(next_obs: np.ndarray, infos: dict) -> np.ndarray:
+    """Detail G1: the observations the envs really reached: `next_obs`, except where an episode ended and
+    the SAME_STEP autoreset replaced it by the next episode's first one; there, `infos["final_obs"]`."""
+    if "_final_obs" not in infos:
+        return next_obs
+    real_next_obs = next_obs.copy()
+    for i in np.flatnonzero(infos["_final_obs"]):
+        real_next_obs[i] = infos["final_obs"][i]
+    return real_next_obs
 
 
 class RunningMeanStd:
@@ -299,7 +225,7 @@ def normalize_obs(obs: np.ndarray, obs_rms: RunningMeanStd, clip: float) -> np.n
 class RewardScaler:
     """Details 21-22: divide rewards by the running std of each env's discounted return, then clip.
 
-    One `RunningMeanStd` over all envs' discounted returns (detail 25); each env keeps its own return,
+    One `RunningMeanStd` over all envs' discounted returns (detail G4); each env keeps its own return,
     reset to 0 when its episode ends. The mean is not subtracted: that would change the optimal policy.
     """
 
@@ -322,6 +248,15 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
     return layer
 
 
+def mlp(in_dim: int, out_dim: int, out_std: float) -> nn.Sequential:
+    """Two hidden layers of 64 tanh units; the output layer initialized with gain `out_std` (detail 2)."""
+    return nn.Sequential(
+        layer_init(nn.Linear(in_dim, 64)), nn.Tanh(),
+        layer_init(nn.Linear(64, 64)), nn.Tanh(),
+        layer_init(nn.Linear(64, out_dim), std=out_std),
+    )
+
+
 def gaussian_logprob(mean, logstd, action):
     """Detail 16: log-density of independent Normals, summed over the action dimensions."""
     return (-0.5 * ((action - mean) / logstd.exp()) ** 2 - logstd - 0.5 * np.log(2 * np.pi)).sum(-1)
@@ -336,20 +271,8 @@ class Agent(nn.Module):
     def __init__(self, obs_dim: int, act_dim: int, init_log_std: float = 0.0):
         super().__init__()
         # details 13 and 17: separate actor and critic MLPs
-        self.critic = nn.Sequential(
-            layer_init(nn.Linear(obs_dim, 64)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, 64)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, 1), std=1.0),
-        )
-        self.actor_mean = nn.Sequential(
-            layer_init(nn.Linear(obs_dim, 64)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, 64)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, act_dim), std=0.01),
-        )
+        self.critic = mlp(obs_dim, 1, out_std=1.0)
+        self.actor_mean = mlp(obs_dim, act_dim, out_std=0.01)
         # detail 15: the log-std is a parameter, not an output: the same for every state
         self.actor_logstd = nn.Parameter(torch.full((1, act_dim), float(init_log_std)))
 
@@ -360,11 +283,11 @@ class Agent(nn.Module):
         """The rollout's forward pass: a sampled action and its log-probability, without the critic."""
         action_mean = self.actor_mean(x)
         action_logstd = self.actor_logstd.expand_as(action_mean)
-        action = action_mean + action_logstd.exp() * torch.randn_like(action_mean)  # detail 14: a ~ Normal(mean, std)
+        action = action_mean + action_logstd.exp() * torch.randn_like(action_mean)  # detail 14
         return action, gaussian_logprob(action_mean, action_logstd, action)
 
     def get_action_and_value(self, x, action):
-        """The update's forward pass: the stored action with its new log-probability, the entropy and the value."""
+        """The update's forward pass: the stored action, its new log-probability, the entropy, the value."""
         action_mean = self.actor_mean(x)
         logprob = gaussian_logprob(action_mean, self.actor_logstd.expand_as(action_mean), action)
         # the entropy does not depend on the state: computed once, broadcast to the batch
@@ -376,7 +299,7 @@ class Agent(nn.Module):
 
 
 def compute_gae(rewards, values, next_values, terminations, dones, gamma, gae_lambda):
-    """Generalized advantage estimates for a rollout of shape (num_steps, num_envs), in numpy.
+    """Generalized advantage estimates (detail 5) for a rollout of shape (num_steps, num_envs), in numpy.
 
     next_values[t] is the value of the state reached after step t (the final observation's value
     if the episode ended at t). terminations[t] zeroes that bootstrap (the episode really ended);
@@ -386,7 +309,7 @@ def compute_gae(rewards, values, next_values, terminations, dones, gamma, gae_la
     advantages = np.zeros_like(rewards)
     lastgaelam = np.zeros_like(rewards[0])
     for t in reversed(range(rewards.shape[0])):
-        # detail 24: only a true termination zeroes the bootstrap; a truncation keeps next_values
+        # detail G2: only a true termination zeroes the bootstrap; a truncation keeps next_values
         delta = rewards[t] + gamma * (1.0 - terminations[t]) * next_values[t] - values[t]
         lastgaelam = delta + gamma * gae_lambda * (1.0 - dones[t]) * lastgaelam
         advantages[t] = lastgaelam
@@ -412,102 +335,10 @@ def value_loss(newvalue, values, returns, clip_coef, clip_vloss):
     return 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
 
 
-def final_observations(next_obs: np.ndarray, infos: dict) -> np.ndarray:
-    """The observations the envs really reached: `next_obs`, except where an episode ended and the
-    SAME_STEP autoreset replaced it by the next episode's first one; there, `infos["final_obs"]`."""
-    if "_final_obs" not in infos:
-        return next_obs
-    real_next_obs = next_obs.copy()
-    for i in np.flatnonzero(infos["_final_obs"]):
-        real_next_obs[i] = infos["final_obs"][i]
-    return real_next_obs
-
-
-def video_problem(env_id: str) -> str | None:
-    """None if evaluation episodes can be recorded headless here, else what to install."""
-    try:
-        import moviepy  # noqa: F401  (gymnasium's RecordVideo writes the mp4 files with it)
-    except ImportError as e:
-        return f"the Python package moviepy cannot be imported ({e}): pip install moviepy"
-    try:
-        env = gym.make(env_id, render_mode="rgb_array")
-        env.reset(seed=0)
-        env.render()
-        env.close()
-    except Exception as e:  # each backend fails in its own way (ImportError, AttributeError, RuntimeError)
-        return (f"headless rendering with MUJOCO_GL={os.environ.get('MUJOCO_GL')} failed ({e.__class__.__name__}: "
-                f"{e}); install EGL (apt-get install libegl1) or OSMesa (apt-get install libosmesa6) and set "
-                "MUJOCO_GL=egl or MUJOCO_GL=osmesa")
-    return None
-
-
-def video_dir_or_none(capture_video: bool, env_id: str, video_dir: str) -> str | None:
-    """`video_dir` if evaluation videos can be recorded, else None (with a message saying what is missing)."""
-    if not capture_video:
-        return None
-    os.environ.setdefault("MUJOCO_GL", "egl")  # headless MuJoCo rendering; read when a renderer is made
-    problem = video_problem(env_id)
-    if problem is not None:
-        print(f"--capture-video: recording no video: {problem}")
-        return None
-    return video_dir
-
-
-def evaluate(agent, obs_rms, obs_clip, env_id, episodes, seed, device, video_dir=None, sample=False):
-    """Returns of `episodes` episodes of the mean action (`sample`: of sampled actions) on fresh, seeded envs.
-
-    The normalization statistics are frozen (read, never updated), as they were saved (detail 26).
-    """
-    env = gym.make(env_id, render_mode="rgb_array" if video_dir else None)
-    if video_dir:
-        env = gym.wrappers.RecordVideo(env, video_dir, disable_logger=True)
-    low, high = env.action_space.low, env.action_space.high
-    episodic_returns = []
-    for episode in range(episodes):
-        obs, _ = env.reset(seed=seed + episode)
-        done, total = False, 0.0
-        while not done:
-            with torch.inference_mode():
-                x = torch.as_tensor(normalize_obs(obs, obs_rms, obs_clip), device=device)
-                action = (agent.get_action(x[None])[0][0] if sample else agent.mean_action(x)).cpu().numpy()
-            obs, reward, terminated, truncated, _ = env.step(np.clip(action, low, high))
-            total += float(reward)
-            done = terminated or truncated
-        episodic_returns.append(total)
-    env.close()
-    return episodic_returns
-
-
-def save_agent(agent, obs_rms, reward_scaler, args, obs_dim, act_dim, run_dir):
-    path = os.path.join(run_dir, "agent.pt")
-    checkpoint = {
-        "model": agent.state_dict(),
-        "obs_rms": obs_rms.state_dict(),  # detail 26: without these the saved agent sees other inputs
-        "return_rms": reward_scaler.return_rms.state_dict(),
-        "obs_dim": obs_dim,
-        "act_dim": act_dim,
-        "env_id": args.env_id,
-        "obs_clip": args.obs_clip,
-        "args": vars(args),
-    }
-    torch.save(checkpoint, path)
-    print(f"agent saved to {path}")
-    return path
-
-
-def load_agent(path, device):
-    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    agent = Agent(checkpoint["obs_dim"], checkpoint["act_dim"])
-    agent.load_state_dict(checkpoint["model"])
-    obs_rms = RunningMeanStd(checkpoint["obs_dim"])
-    obs_rms.load_state_dict(checkpoint["obs_rms"])
-    return agent.to(device), obs_rms, checkpoint
-
-
 def main(args: Args) -> dict:
     # 1. setup
     check_args(args)
-    torch.set_num_threads(args.num_threads)  # detail 27
+    torch.set_num_threads(args.num_threads)  # a small MLP runs fastest on one thread, busy machine or not
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
@@ -515,18 +346,8 @@ def main(args: Args) -> dict:
     if args.cuda and not torch.cuda.is_available():
         print("--cuda: no GPU available, running on the CPU")
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    eval_mode = "sampled actions" if args.eval_sample else "mean action"
-
     if args.eval_checkpoint is not None:
-        agent, obs_rms, checkpoint = load_agent(args.eval_checkpoint, device)
-        # beside the checkpoint, in a new folder: the videos of the training run's own evaluation stay
-        video_dir = video_dir_or_none(args.capture_video, checkpoint["env_id"], os.path.join(
-            os.path.dirname(args.eval_checkpoint), f"videos_eval_checkpoint_{int(time.time())}"))
-        eval_returns = evaluate(agent, obs_rms, checkpoint["obs_clip"], checkpoint["env_id"], args.eval_episodes,
-                                args.seed + 100_000, device, video_dir, args.eval_sample)
-        print(f"eval ({eval_mode}) of {args.eval_checkpoint}: {np.mean(eval_returns):.2f} "
-              f"+- {np.std(eval_returns):.2f} over {len(eval_returns)} episodes")
-        return {"eval_returns": eval_returns}
+        return evaluate_checkpoint(args, device)
 
     run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
     run_dir = os.path.join(args.runs_dir, run_name)
@@ -536,26 +357,26 @@ def main(args: Args) -> dict:
         "|param|value|\n|-|-|\n" + "\n".join(f"|{key}|{value}|" for key, value in vars(args).items()),
     )
 
-    video_dir = video_dir_or_none(args.capture_video, args.env_id, os.path.join(run_dir, "videos"))  # checked now
+    video_dir = video_dir_or_none(args.capture_video, args.env_id, os.path.join(run_dir, "videos"))
     envs = make_vector_env(args.env_id, args.num_envs)
     obs_dim = envs.single_observation_space.shape[0]
     act_dim = envs.single_action_space.shape[0]
     action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
     agent = Agent(obs_dim, act_dim, args.init_log_std).to(device)
-    # detail 3; fused: one kernel for all parameters instead of a dozen small ops each (2x faster here)
+    # detail 3; fused: one kernel for all parameters instead of a dozen small ops each
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
-    obs_rms = RunningMeanStd(obs_dim)  # detail 25: one set of statistics for all envs
+    obs_rms = RunningMeanStd(obs_dim)  # detail G4: one set of statistics for all envs
     reward_scaler = RewardScaler(args.num_envs, args.gamma, args.reward_clip)
 
-    # rollout storage in numpy: per-step writes are ~10x cheaper than into torch tensors, and the
-    # batch moves to torch (and the device) once per rollout
+    # rollout storage in numpy: per-step writes cost less than into torch tensors, and the batch
+    # moves to torch (and the device) once per rollout
     obs = np.zeros((args.num_steps, args.num_envs, obs_dim), dtype=np.float32)
     actions = np.zeros((args.num_steps, args.num_envs, act_dim), dtype=np.float32)
     logprobs = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
     rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
     terminations = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
     dones = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
-    # normalized observations that ended an episode by truncation, kept for the bootstrap (detail 24)
+    # final observations of the episodes cut by the time limit, kept for the bootstrap (detail G2)
     final_obs = np.zeros((args.num_steps, args.num_envs, obs_dim), dtype=np.float32)
 
     def to_torch(x):
@@ -580,7 +401,7 @@ def main(args: Args) -> dict:
             for step in range(args.num_steps):
                 global_step += args.num_envs
                 obs[step] = next_obs
-                with torch.inference_mode():
+                with torch.inference_mode():  # the actor only: the critic's values come after the rollout
                     action, logprob = agent.get_action(to_torch(next_obs))
                 actions[step], logprobs[step] = action.cpu().numpy(), logprob.cpu().numpy()
 
@@ -592,32 +413,34 @@ def main(args: Args) -> dict:
                 rewards[step] = reward_scaler(reward, done)
                 terminations[step], dones[step] = terminated, done
                 cut = truncated & ~terminated
-                if cut.any():  # detail 24: the final observation, normalized like the others
-                    real_next_obs = normalize_obs(final_observations(next_obs_raw, infos), obs_rms, args.obs_clip)
-                    final_obs[step, cut] = real_next_obs[cut]
+                if cut.any():  # details G1, G2 and G4: the final observation, normalized like the others
+                    real_next_obs = final_observations(next_obs_raw, infos)
+                    final_obs[step, cut] = normalize_obs(real_next_obs, obs_rms, args.obs_clip)[cut]
                 obs_rms.update(next_obs_raw)
                 next_obs = normalize_obs(next_obs_raw, obs_rms, args.obs_clip)
-                if "_episode" in infos:
+                if "_episode" in infos:  # detail G3
                     for i in np.flatnonzero(infos["_episode"]):
                         episodic_return = float(infos["episode"]["r"][i])
                         episodic_returns.append(episodic_return)
                         writer.add_scalar("charts/episodic_return", episodic_return, global_step)
-                        writer.add_scalar("charts/episodic_length", int(infos["episode"]["l"][i]), global_step)
+                        writer.add_scalar("charts/episodic_length", infos["episode"]["l"][i], global_step)
             rollout_time += time.perf_counter() - rollout_start
 
             # 3. advantages
             update_start = time.perf_counter()
-            # detail 28: the critic does not change during the rollout, so the values of all its states (and
-            # of the states after it) come from one batched forward pass instead of one per step
+            # the critic does not change during the rollout, so the values of all its states (and of the
+            # states after it) come from one batched forward pass instead of one per step
             cut = (dones == 1) & (terminations == 0)
             with torch.inference_mode():
                 states = np.concatenate([obs.reshape(-1, obs_dim), next_obs, final_obs[cut]])
                 all_values = agent.get_value(to_torch(states)).cpu().numpy()
-            values, last_values, cut_values = np.split(all_values, [args.batch_size, args.batch_size + args.num_envs])
+            values, last_values, cut_values = np.split(
+                all_values, [args.batch_size, args.batch_size + args.num_envs]
+            )
             values = values.reshape(args.num_steps, args.num_envs)
-            # the state after step t is obs[t + 1] unless the episode ended at t (detail 23)
+            # the state after step t is obs[t + 1] unless the episode ended at t (detail G1)
             next_values = np.concatenate([values[1:], last_values[None]])
-            next_values[cut] = cut_values  # detail 24
+            next_values[cut] = cut_values  # detail G2
             advantages, returns = compute_gae(  # detail 5
                 rewards, values, next_values, terminations, dones, args.gamma, args.gae_lambda
             )
@@ -635,12 +458,18 @@ def main(args: Args) -> dict:
                 b_inds = torch.randperm(args.batch_size, device=device)
                 for start in range(0, args.batch_size, args.minibatch_size):  # detail 6
                     mb_inds = b_inds[start : start + args.minibatch_size]
-                    _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
+                    _, newlogprob, entropy, newvalue = agent.get_action_and_value(
+                        b_obs[mb_inds], b_actions[mb_inds]
+                    )
                     mb_advantages = b_advantages[mb_inds]
                     if args.norm_adv:  # detail 7
                         mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-                    pg_loss, ratio, logratio = policy_loss(newlogprob, b_logprobs[mb_inds], mb_advantages, args.clip_coef)
-                    v_loss = value_loss(newvalue, b_values[mb_inds], b_returns[mb_inds], args.clip_coef, args.clip_vloss)
+                    pg_loss, ratio, logratio = policy_loss(
+                        newlogprob, b_logprobs[mb_inds], mb_advantages, args.clip_coef
+                    )
+                    v_loss = value_loss(
+                        newvalue, b_values[mb_inds], b_returns[mb_inds], args.clip_coef, args.clip_vloss
+                    )
                     entropy_loss = entropy.mean()
                     loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef  # detail 10
 
@@ -651,7 +480,8 @@ def main(args: Args) -> dict:
 
                     optimizer.zero_grad()
                     loss.backward()
-                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)  # detail 11
+                    # detail 11: the gradient of all parameters together clipped to norm max_grad_norm
+                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
                     optimizer.step()
 
                 if args.target_kl is not None and approx_kl > args.target_kl:
@@ -659,7 +489,7 @@ def main(args: Args) -> dict:
 
             y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
             var_y = np.var(y_true)
-            explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
+            explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y  # detail 12
             update_time += time.perf_counter() - update_start
 
             # 5. logging
@@ -685,9 +515,9 @@ def main(args: Args) -> dict:
     elapsed = time.time() - start_time
     # CPU seconds of this process: the speed it would have alone on a core, when others share the machine
     print(f"{global_step} steps in {elapsed:.1f} s ({global_step / elapsed:.0f} steps/s, "
-          f"{global_step / (time.process_time() - start_cpu):.0f} per CPU second; rollout {rollout_time:.1f} s, "
-          f"update {update_time:.1f} s); mean return of the last 100 episodes: "
-          f"{np.mean(episodic_returns[-100:] or [np.nan]):.1f}")
+          f"{global_step / (time.process_time() - start_cpu):.0f} per CPU second; "
+          f"rollout {rollout_time:.1f} s, update {update_time:.1f} s); "
+          f"mean return of the last 100 episodes: {np.mean(episodic_returns[-100:] or [np.nan]):.1f}")
 
     # 6. save / evaluate
     try:
@@ -698,14 +528,169 @@ def main(args: Args) -> dict:
                                     args.seed + 100_000, device, video_dir, args.eval_sample)
             for i, eval_return in enumerate(eval_returns):
                 writer.add_scalar("eval/episodic_return", eval_return, i)
-            print(f"eval ({eval_mode}): {np.mean(eval_returns):.2f} +- {np.std(eval_returns):.2f} "
+            print(f"eval ({eval_mode(args)}): {np.mean(eval_returns):.2f} +- {np.std(eval_returns):.2f} "
                   f"over {len(eval_returns)} episodes")
-    except KeyboardInterrupt:  # e.g. during a long evaluation with --capture-video
+    except KeyboardInterrupt:  # a Ctrl-C while saving or evaluating
         print("interrupted while saving or evaluating: keeping the logs, skipping the rest")
     finally:
         writer.close()
     return {"run_dir": run_dir, "episodic_returns": episodic_returns, "eval_returns": eval_returns,
             "rollout_time": rollout_time, "update_time": update_time}
+
+
+# Plumbing below: argument checks, evaluation, checkpoints and videos. Not needed to follow the algorithm.
+
+def check_args(args: Args) -> None:
+    """Fill in the derived sizes and reject bad input with a one-line message, before any work."""
+
+    def fail(msg):
+        raise SystemExit(f"error: {msg}")
+
+    positive = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "num_threads",
+                "learning_rate", "clip_coef")
+    for flag in positive:
+        if not getattr(args, flag) > 0:
+            fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
+    for flag in ("gamma", "gae_lambda"):
+        if not 0.0 < getattr(args, flag) <= 1.0:
+            fail(f"--{flag.replace('_', '-')} must be in (0, 1], got {getattr(args, flag)}")
+    if args.eval_episodes < 0:
+        fail(f"--eval-episodes must be >= 0, got {args.eval_episodes}")
+    if args.eval_checkpoint is not None:
+        if args.eval_episodes == 0:
+            fail("--eval-checkpoint needs --eval-episodes of at least 1")
+        if not os.path.isfile(args.eval_checkpoint):
+            fail(f"--eval-checkpoint {args.eval_checkpoint} is not a file; pass the path of a saved agent.pt")
+        return
+    try:
+        env = gym.make(args.env_id)
+    except gym.error.Error as e:
+        fail(f"--env-id {args.env_id} cannot be made ({e.__class__.__name__}); pass a registered gym id")
+    action_space, observation_space = env.action_space, env.observation_space
+    env.close()
+    if not isinstance(action_space, gym.spaces.Box):
+        fail(f"--env-id {args.env_id} has a {type(action_space).__name__} action space; this script needs "
+             "a Box one (use ppo_cartpole.py for discrete actions)")
+    if not isinstance(observation_space, gym.spaces.Box) or len(observation_space.shape) != 1:
+        fail(f"--env-id {args.env_id} has {observation_space} observations; this script's MLP needs flat "
+             "(1-d) Box observations")
+    args.batch_size = args.num_envs * args.num_steps
+    if args.batch_size % args.num_minibatches != 0:
+        fail(f"--num-minibatches {args.num_minibatches} does not divide the batch size {args.batch_size} "
+             "(--num-envs x --num-steps); choose a divisor")
+    args.minibatch_size = args.batch_size // args.num_minibatches
+    args.num_iterations = args.total_timesteps // args.batch_size
+    if args.num_iterations == 0:
+        fail(f"--total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size}); raise it")
+
+
+def eval_mode(args: Args) -> str:
+    return "sampled actions" if args.eval_sample else "mean action"
+
+
+def evaluate(agent, obs_rms, obs_clip, env_id, episodes, seed, device, video_dir=None, sample=False):
+    """Returns of `episodes` episodes of the mean action (`sample`: of sampled actions) on fresh, seeded envs.
+
+    The normalization statistics are frozen (read, never updated), as they were saved (detail G4).
+    """
+    env = gym.make(env_id, render_mode="rgb_array" if video_dir else None)
+    if video_dir:
+        env = gym.wrappers.RecordVideo(env, video_dir, disable_logger=True)
+    low, high = env.action_space.low, env.action_space.high
+    episodic_returns = []
+    for episode in range(episodes):
+        obs, _ = env.reset(seed=seed + episode)
+        done, total = False, 0.0
+        while not done:
+            with torch.inference_mode():
+                x = torch.as_tensor(normalize_obs(obs, obs_rms, obs_clip), device=device)
+                action = (agent.get_action(x[None])[0][0] if sample else agent.mean_action(x)).cpu().numpy()
+            obs, reward, terminated, truncated, _ = env.step(np.clip(action, low, high))
+            total += float(reward)
+            done = terminated or truncated
+        episodic_returns.append(total)
+    env.close()
+    return episodic_returns
+
+
+def save_agent(agent, obs_rms, reward_scaler, args, obs_dim, act_dim, run_dir):
+    path = os.path.join(run_dir, "agent.pt")
+    checkpoint = {
+        "model": agent.state_dict(),
+        "obs_rms": obs_rms.state_dict(),  # detail G4: without these the saved agent sees other inputs
+        "return_rms": reward_scaler.return_rms.state_dict(),
+        "obs_dim": obs_dim,
+        "act_dim": act_dim,
+        "env_id": args.env_id,
+        "obs_clip": args.obs_clip,
+        "args": vars(args),
+    }
+    torch.save(checkpoint, path)
+    print(f"agent saved to {path}")
+    return path
+
+
+def load_agent(path, device):
+    """The agent, statistics and checkpoint save_agent wrote to `path`; a one-line error for other files."""
+    fix = "pass an agent.pt saved by ppo_walker2d.py --save-model"
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # a truncated or corrupt file fails in the zip reader or the unpickler
+        raise SystemExit(f"error: --eval-checkpoint {path} cannot be read ({e.__class__.__name__}); {fix}")
+    try:  # e.g. ppo_cartpole.py's agent.pt holds a Categorical policy: n_actions, no act_dim or statistics
+        agent = Agent(checkpoint["obs_dim"], checkpoint["act_dim"])
+        agent.load_state_dict(checkpoint["model"])  # raises on missing, unexpected or mis-shaped weights
+        obs_rms = RunningMeanStd(checkpoint["obs_dim"])
+        obs_rms.load_state_dict(checkpoint["obs_rms"])
+        gym.spec(checkpoint["env_id"]), float(checkpoint["obs_clip"])
+    except Exception as e:
+        what = f"no {e}" if isinstance(e, KeyError) else e.__class__.__name__
+        raise SystemExit(f"error: --eval-checkpoint {path} is not an agent.pt of ppo_walker2d.py ({what}); "
+                         f"{fix}")
+    return agent.to(device), obs_rms, checkpoint
+
+
+def evaluate_checkpoint(args: Args, device) -> dict:
+    """--eval-checkpoint: evaluate a saved agent on its own env with its own statistics; no training."""
+    agent, obs_rms, checkpoint = load_agent(args.eval_checkpoint, device)
+    # beside the checkpoint, in a new folder: the videos of the training run's own evaluation stay
+    video_dir = video_dir_or_none(args.capture_video, checkpoint["env_id"], os.path.join(
+        os.path.dirname(args.eval_checkpoint), f"videos_eval_checkpoint_{int(time.time())}"))
+    eval_returns = evaluate(agent, obs_rms, checkpoint["obs_clip"], checkpoint["env_id"], args.eval_episodes,
+                            args.seed + 100_000, device, video_dir, args.eval_sample)
+    print(f"eval ({eval_mode(args)}) of {args.eval_checkpoint}: {np.mean(eval_returns):.2f} "
+          f"+- {np.std(eval_returns):.2f} over {len(eval_returns)} episodes")
+    return {"eval_returns": eval_returns}
+
+
+def video_problem(env_id: str) -> str | None:
+    """None if evaluation episodes can be recorded headless here, else what to install."""
+    try:
+        import moviepy  # noqa: F401  (gymnasium's RecordVideo writes the mp4 files with it)
+    except ImportError as e:
+        return f"the Python package moviepy cannot be imported ({e}): pip install moviepy"
+    try:
+        env = gym.make(env_id, render_mode="rgb_array")
+        env.reset(seed=0)
+        env.render()
+        env.close()
+    except Exception as e:  # each backend fails in its own way (ImportError, AttributeError, RuntimeError)
+        return (f"headless rendering with MUJOCO_GL={os.environ.get('MUJOCO_GL')} failed "
+                f"({e.__class__.__name__}: {e}); install EGL (apt-get install libegl1) or OSMesa "
+                "(apt-get install libosmesa6) and set MUJOCO_GL=egl or MUJOCO_GL=osmesa")
+    return None
+
+
+def video_dir_or_none(capture_video: bool, env_id: str, video_dir: str) -> str | None:
+    """`video_dir` if evaluation videos can be recorded, else None (with a message saying what is missing)."""
+    if not capture_video:
+        return None
+    os.environ.setdefault("MUJOCO_GL", "egl")  # headless MuJoCo rendering; read when a renderer is made
+    problem = video_problem(env_id)
+    if problem is not None:
+        print(f"--capture-video: recording no video: {problem}")
+        return None
+    return video_dir
 
 
 if __name__ == "__main__":

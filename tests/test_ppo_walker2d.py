@@ -12,8 +12,9 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+import ppo_cartpole
 import ppo_walker2d as P
-from conftest import check_ppo_update_wiring, value_of
+from conftest import check_ppo_update_wiring, unusable_checkpoint, value_of
 
 torch.set_num_threads(1)
 
@@ -385,7 +386,7 @@ def test_short_run_logs_the_tags_and_its_checkpoint_evaluates_the_same(tmp_path)
 
 def test_learns_to_stay_up_within_20k_steps(tmp_path):
     result = P.main(P.Args(total_timesteps=20_480, eval_episodes=0, runs_dir=str(tmp_path), cuda=False))
-    # random actions fall after ~22 steps and score ~2-3 per episode (as does this run with --learning-rate 0);
+    # random actions fall after ~22 steps and score ~2-3 per episode (as does this run without learning);
     # with gamma 0.99 seeds 1-12 reached 204-280, with today's 0.995 169-357, and negated advantages end at
     # -15 to -17: the bound catches a broken update
     assert np.mean(result["episodic_returns"][-10:]) >= 100
@@ -494,3 +495,36 @@ def test_bad_num_minibatches_fails_fast():
 def test_missing_checkpoint_fails_fast(tmp_path):
     with pytest.raises(SystemExit, match="--eval-checkpoint"):
         P.check_args(P.Args(eval_checkpoint=str(tmp_path / "nope.pt")))
+
+
+def small_args(runs_dir, **kw):
+    return P.Args(**{**dict(runs_dir=str(runs_dir), total_timesteps=2048, eval_episodes=1, cuda=False), **kw})
+
+
+@pytest.mark.parametrize(
+    "kw, flag",
+    [
+        (dict(learning_rate=0.0), "--learning-rate"),
+        (dict(learning_rate=-6e-4), "--learning-rate"),
+        (dict(gamma=0.0), "--gamma"),
+        (dict(gamma=1.5), "--gamma"),
+        (dict(gae_lambda=0.0), "--gae-lambda"),
+        (dict(gae_lambda=1.5), "--gae-lambda"),
+        (dict(clip_coef=0.0), "--clip-coef"),
+        (dict(clip_coef=-0.2), "--clip-coef"),
+        (dict(total_timesteps=1000), "--total-timesteps"),  # less than one batch of 8 x 256
+    ],
+)
+def test_bad_input_fails_fast_naming_the_flag(fails_fast, kw, flag):
+    fails_fast(P, small_args, kw, flag)
+
+
+@pytest.mark.parametrize("kind", ["truncated", "corrupt", "foreign", "another network"])
+def test_a_checkpoint_this_script_did_not_save_fails_fast(tmp_path, fails_fast, kind):
+    saved = P.save_agent(P.Agent(17, 6), P.RunningMeanStd(17), P.RewardScaler(1, 0.99, 10.0), P.Args(), 17, 6,
+                         str(tmp_path))
+    (tmp_path / "cartpole").mkdir()  # ppo_cartpole.py's agent.pt: a Categorical policy, n_actions, no statistics
+    foreign = ppo_cartpole.save_agent(ppo_cartpole.Agent(4, 2), ppo_cartpole.Args(), 4, 2, str(tmp_path / "cartpole"))
+    path = unusable_checkpoint(kind, saved, foreign, tmp_path / "bad.pt")
+    fails_fast(P, small_args, dict(eval_checkpoint=str(path)),
+               "--eval-checkpoint .* pass an agent.pt saved by ppo_walker2d.py --save-model")
