@@ -2,6 +2,8 @@
 saved with save_pretrained, and loaded by the script's own loading code."""
 
 import math
+import re
+import shutil
 import time
 from pathlib import Path
 
@@ -89,16 +91,22 @@ def read_scalars(run_dir) -> dict:
     (dict(batch_size=8, num_minibatches=2, gradient_accumulation_steps=3), "--gradient-accumulation-steps"),
     (dict(total_episodes=4), "--total-episodes"),
     (dict(temperature=0.0), "--temperature"),
-    (dict(model_name="/no/such/model/dir"), "--model-name"),
-    (dict(reward_model="./no/such/reward/dir"), "--reward-model"),
-    (dict(prompts_file="/no/such/prompts.txt"), "--prompts-file"),
-    (dict(value_model="./no/such/value/dir"), "--value-model"),
-    (dict(eval_checkpoint="no/such/checkpoint"), "--eval-checkpoint"),
+    # a path that does not exist: caught by the argument checks, before any loading is tried
+    (dict(model_name="/no/such/model/dir"), "--model-name /no/such/model/dir: no such directory"),
+    (dict(model_name="./no/such/model/dir"), "--model-name ./no/such/model/dir: no such directory"),
+    (dict(reward_model="./no/such/reward/dir"), "--reward-model ./no/such/reward/dir: no such directory"),
+    (dict(prompts_file="/no/such/prompts.txt"), "--prompts-file /no/such/prompts.txt: no such file"),
+    (dict(value_model="./no/such/value/dir"), "--value-model ./no/such/value/dir: no such directory"),
+    (dict(eval_checkpoint="no/such/checkpoint"), "--eval-checkpoint no/such/checkpoint: no such directory"),
     (dict(min_response_length=8), "--min-response-length"),
     (dict(learning_rate=0.0), "--learning-rate"),
+    (dict(learning_rate=-1e-5), "--learning-rate"),
     (dict(gamma=1.5), "--gamma"),
+    (dict(gamma=0.0), "--gamma"),
     (dict(gae_lambda=-0.1), "--gae-lambda"),
+    (dict(gae_lambda=1.5), "--gae-lambda"),
     (dict(clip_coef=0.0), "--clip-coef"),
+    (dict(clip_coef=-0.2), "--clip-coef"),
     (dict(local_rollout_forward_batch_size=0), "--local-rollout-forward-batch-size"),
     (dict(kl_coef=0.0, kl_target=6.0), "--kl-coef"),
 ])
@@ -108,6 +116,34 @@ def test_bad_arguments_fail_before_loading(tiny, tmp_path, overrides, flag):
         rlhf.main(tiny_args(tiny, tmp_path, **overrides))
     assert time.time() - start < 5
     assert not (tmp_path / "runs").exists()
+
+
+def test_eval_checkpoint_that_is_not_a_whole_saved_policy_fails_before_any_work(tiny, tmp_path):
+    """--eval-checkpoint: a folder that is not what --save-model writes, or a truncated copy of one, gives a
+    one-line error naming the flag, before a model is loaded (not a traceback from deep inside transformers)."""
+    saved = tmp_path / "saved"
+    rlhf.save_policy(rlhf.load_policy(tiny["policy"], torch.device("cpu")), tiny["policy"], str(saved))
+    rlhf.check_saved_policy(str(saved))  # the folder as written passes
+    broken = {}
+    for name, damage in [("empty", lambda d: [p.unlink() for p in d.iterdir()]),
+                         ("other_script", lambda d: ([p.unlink() for p in d.iterdir()],
+                                                     (d / "agent.pt").write_bytes(b"not a policy"))),
+                         ("no_weights", lambda d: (d / "model.safetensors").unlink()),
+                         ("no_tokenizer", lambda d: (d / "tokenizer_config.json").unlink()),
+                         ("bad_config", lambda d: (d / "config.json").write_text('{"model_type": "gp')),
+                         ("truncated", lambda d: (d / "model.safetensors").write_bytes(
+                             (saved / "model.safetensors").read_bytes()[:-1000]))]:
+        broken[name] = tmp_path / name
+        shutil.copytree(saved, broken[name])
+        damage(broken[name])
+    for name, path in broken.items():
+        start = time.time()
+        with pytest.raises(SystemExit, match=f"^error: --eval-checkpoint {re.escape(str(path))}: not a policy "
+                                             f"saved by --save-model \\(.+\\)$") as error:
+            rlhf.main(tiny_args(tiny, tmp_path / "runs_of" / name, eval_checkpoint=str(path), eval_episodes=4))
+        assert "\n" not in str(error.value), name
+        assert time.time() - start < 5, name
+    assert not (tmp_path / "runs_of").exists()
 
 
 def test_unloadable_models_fail_fast_with_a_hint(tiny, tmp_path):

@@ -97,4 +97,13 @@ MUTANTS = [
     ("length reward reads the query too",
      "[len(r) / args.response_length for r in responses]",
      "[len(t) / args.response_length for t in texts]"),
+    ("truncated --eval-checkpoint weights not caught",
+     'with safe_open(weights_file, "pt"):',
+     'with open(weights_file, "rb"):'),
+    ("--eval-checkpoint folder not checked before loading",
+     "        check_saved_policy(os.path.expanduser(args.eval_checkpoint))",
+     "        pass"),
+    ("a model path that does not exist is left to the loader",
+     'if name is None or not (flag == "--eval-checkpoint" or name.startswith(("/", ".", "~"))):',
+     'if name is None or flag != "--eval-checkpoint":'),
 ]
