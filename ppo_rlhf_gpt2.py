@@ -559,7 +559,7 @@ def main(args: Args) -> dict:
             mean_non_score_reward = non_score_reward.sum(1).mean().item()
             y_pred, y_true = values[response_mask], returns[response_mask]
             var_y = y_true.var().item()
-            explained_var = np.nan if var_y == 0 else 1 - (y_true - y_pred).var().item() / var_y
+            explained_var = np.nan if var_y == 0 else 1 - (y_true - y_pred).var().item() / var_y  # detail 12
             distinct_responses, distinct_2 = diversity(responses, response_mask)
             stats = {
                 "charts/learning_rate": optimizer.param_groups[0]["lr"],
