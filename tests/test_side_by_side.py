@@ -1,9 +1,14 @@
-"""docs/side_by_side.md maps PPO on Walker2d onto PPO-RLHF on GPT-2, row by row, with line references.
+"""docs/side_by_side.md pairs code excerpts of ppo_walker2d.py and ppo_rlhf_gpt2.py, concept by concept.
 
-Every reference in the table's two file columns has the form L<start>-L<end> `anchor`: the test checks that
-lines start..end (1-based, inclusive) of that file still contain the anchor. If this test fails after you
-moved code, update the range (or the anchor) in the named row of docs/side_by_side.md.
+Each excerpt is a ```python block right after a line naming its file and the function or class it comes from:
+
+    `ppo_walker2d.py`, in `main`:
+
+The test checks that the excerpt still appears in that function (or class), line after line, compared without
+the leading whitespace; a line `...` in an excerpt skips any number of lines. The doc has no line numbers, so
+moving code never breaks it; changing the quoted code does, and then the excerpt must be updated.
 """
+import ast
 import re
 from pathlib import Path
 
@@ -12,70 +17,87 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "side_by_side.md"
 FILES = ("ppo_walker2d.py", "ppo_rlhf_gpt2.py")
-REQUIRED_ROWS = [
-    "state / observation",
-    "action",
-    "policy output",
-    "sampling",
-    "reward",
-    "episode",
-    "value function",
-    "advantage",
-    "reference model and KL",
-    "what is clipped",
-    "update loop",
-    "what is logged",
-]
-REF = re.compile(r"L(\d+)-L(\d+) `([^`]+)`")
-LINE_TOKEN = re.compile(r"\bL\d+\b")
+REQUIRED_CONCEPTS = ["state", "action", "policy output and log-prob", "sampling", "reward", "episode end", "value",
+                     "advantage", "reference model and KL", "the loss", "the update loop", "logging"]
+ANCHOR = re.compile(r"^`(?P<file>[\w.]+\.py)`, in `(?P<name>\w+)`:\s*$")
+EXCERPT = re.compile(r"^`(?P<file>[\w.]+\.py)`, in `(?P<name>\w+)`:\s*\n+```python\n(?P<code>.*?)\n```", re.M | re.S)
 
 
-def table_rows(text: str) -> list[dict]:
-    """The body rows of the doc's table, as {column header: cell}."""
-    lines = [line.strip() for line in text.splitlines() if line.strip().startswith("|")]
-    assert lines, f"{DOC} has no markdown table"
-    split = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
-    header = split[0]
-    assert header == ["concept", *FILES], f"table header is {header}, expected ['concept', *{list(FILES)}]"
-    body = [cells for cells in split[1:] if not all(set(c) <= set("-: ") for c in cells)]
-    for cells in body:
-        assert len(cells) == len(header), f"row {cells[0]!r} has {len(cells)} cells, expected {len(header)}"
-    return [dict(zip(header, cells)) for cells in body]
+def excerpts(text):
+    """(concept, file, function or class, code) for each excerpt; the concept is the last `## ` heading above."""
+    found = []
+    for m in EXCERPT.finditer(text):
+        headings = re.findall(r"^## (.+)$", text[: m.start()], re.M)
+        found.append((headings[-1].strip() if headings else "", m["file"], m["name"], m["code"]))
+    return found
 
 
-ROWS = table_rows(DOC.read_text())
-SOURCES = {name: (ROOT / name).read_text().splitlines() for name in FILES}
-CELLS = [(row["concept"], name, row[name]) for row in ROWS for name in FILES]
+def definition_lines(path: Path, name: str) -> list[str]:
+    """The source lines of the top-level function or class `name` in `path` (None if there is none)."""
+    source = path.read_text()
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == name:
+            return source.splitlines()[node.lineno - 1 : node.end_lineno]
+    return None
 
 
-def test_doc_names_both_files():
-    text = DOC.read_text()
-    for name in FILES:
-        assert name in text, f"{DOC.name} does not name {name}"
+def appears_in(code: str, lines: list[str]) -> bool:
+    """Whether the excerpt's lines occur in order in `lines`, each run of them consecutively; `...` skips lines."""
+    chunks, chunk = [], []
+    for line in code.splitlines():
+        if line.strip() == "...":
+            chunks.append(chunk)
+            chunk = []
+        elif line.strip():
+            chunk.append(line.strip())
+    chunks.append(chunk)
+    stripped = [line.strip() for line in lines]
+    start = 0
+    for chunk in (c for c in chunks if c):
+        at = next((i for i in range(start, len(stripped) - len(chunk) + 1)
+                   if stripped[i : i + len(chunk)] == chunk), None)
+        if at is None:
+            return False
+        start = at + len(chunk)
+    return True
 
 
-def test_required_rows_present():
-    concepts = [row["concept"] for row in ROWS]
-    missing = [name for name in REQUIRED_ROWS if name not in concepts]
-    assert not missing, f"{DOC.name} lacks the rows {missing}; it has {concepts}"
-    assert len(set(concepts)) == len(concepts), f"duplicate rows in {DOC.name}: {concepts}"
+TEXT = DOC.read_text()
+EXCERPTS = excerpts(TEXT)
 
 
-@pytest.mark.parametrize("concept,name,cell", CELLS, ids=[f"{c}|{n}" for c, n, _ in CELLS])
-def test_references_hold_the_named_code(concept, name, cell):
-    refs = REF.findall(cell)
-    assert refs, f"row {concept!r}, {name}: no reference of the form L<start>-L<end> `anchor` in {cell!r}"
-    # a malformed reference (e.g. a missing anchor) would otherwise be skipped silently
-    assert len(LINE_TOKEN.findall(cell)) == 2 * len(refs), (
-        f"row {concept!r}, {name}: a line reference is not of the form L<start>-L<end> `anchor`: {cell!r}")
-    lines = SOURCES[name]
-    for start, end, anchor in refs:
-        start, end = int(start), int(end)
-        where = f"row {concept!r}, {name} L{start}-L{end} `{anchor}`"
-        assert 1 <= start <= end, f"{where}: the range is empty or starts before line 1"
-        assert end <= len(lines), f"{where}: {name} has only {len(lines)} lines"
-        if not any(anchor in line for line in lines[start - 1 : end]):
-            found = [i + 1 for i, line in enumerate(lines) if anchor in line]
-            hint = f"the anchor is now on line(s) {found}" if found else "the anchor occurs nowhere in the file"
-            pytest.fail(f"{where}: the anchor is not in lines {start}-{end} ({hint}); "
-                        f"update the range in {DOC.relative_to(ROOT)}")
+def test_checker_finds_and_rejects_excerpts():
+    lines = ["def f(x):", "    y = x + 1", "    z = y * 2", "    w = z - 3", "    return w"]
+    assert appears_in("y = x + 1\nz = y * 2", lines)
+    assert appears_in("def f(x):\n    ...\n    return w", lines)
+    assert not appears_in("z = y * 2\ny = x + 1", lines)  # wrong order
+    assert not appears_in("y = x + 1\nw = z - 3", lines)  # not consecutive without a `...`
+    assert not appears_in("y = x + 2", lines)
+    doc = "## state\n\n`a.py`, in `f`:\n\n```python\ny = x + 1\n```\n"
+    assert excerpts(doc) == [("state", "a.py", "f", "y = x + 1")]
+
+
+def test_every_concept_has_an_excerpt_from_each_file():
+    have = {(concept, name) for concept, name, _, _ in EXCERPTS}
+    missing = [(c, f) for c in REQUIRED_CONCEPTS for f in FILES if (c, f) not in have]
+    assert not missing, f"{DOC.name} lacks excerpts for {missing}"
+
+
+def test_every_anchor_line_opens_an_excerpt():
+    # an anchor line whose code block is malformed would otherwise be skipped silently
+    anchors = [line for line in TEXT.splitlines() if ANCHOR.match(line)]
+    assert len(anchors) == len(EXCERPTS), "an anchor line is not followed by a ```python block"
+
+
+def test_no_line_numbers():
+    assert not re.search(r"\bL\d+(-L?\d+)?\b", TEXT), f"{DOC.name} refers to line numbers; anchor by name"
+
+
+@pytest.mark.parametrize("concept,file,name,code", EXCERPTS,
+                         ids=[f"{c}|{f}|{n}|{i}" for i, (c, f, n, _) in enumerate(EXCERPTS)])
+def test_excerpt_appears_verbatim(concept, file, name, code):
+    assert file in FILES, f"excerpt under {concept!r} names {file}, expected one of {FILES}"
+    lines = definition_lines(ROOT / file, name)
+    assert lines is not None, f"{file} has no top-level function or class {name!r} (excerpt under {concept!r})"
+    assert appears_in(code, lines), (
+        f"the excerpt under {concept!r} is no longer in {file}:{name}; update it in {DOC.relative_to(ROOT)}:\n{code}")
