@@ -103,6 +103,7 @@ def read_scalars(run_dir) -> dict:
     (dict(learning_rate=-1e-5), "--learning-rate"),
     (dict(gamma=1.5), "--gamma"),
     (dict(gamma=0.0), "--gamma"),
+    (dict(gae_lambda=0.0), "--gae-lambda"),
     (dict(gae_lambda=-0.1), "--gae-lambda"),
     (dict(gae_lambda=1.5), "--gae-lambda"),
     (dict(clip_coef=0.0), "--clip-coef"),
