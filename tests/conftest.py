@@ -171,9 +171,9 @@ def fails_fast(tmp_path):
 
 def unusable_checkpoint(kind, saved, foreign, path):
     """Write to `path` a file that `--eval-checkpoint` must refuse, and return `path`: the script's own agent.pt
-    `saved` cut short ("truncated"), bytes that are no checkpoint ("corrupt"), the other PPO script's agent.pt
-    `foreign` ("foreign"), or `saved` with its obs_dim raised by one, so the weights have the wrong shape
-    ("another network")."""
+    `saved` cut short ("truncated"), bytes that are no checkpoint ("corrupt"), another script's agent.pt
+    `foreign` ("foreign"), `saved` with its obs_dim raised by one, so the weights have the wrong shape
+    ("another network"), or a folder, as ppo_rlhf_gpt2.py saves ("a directory")."""
     if kind == "truncated":  # e.g. a copy or download cut short
         data = Path(saved).read_bytes()
         path.write_bytes(data[: len(data) // 2])
@@ -181,12 +181,31 @@ def unusable_checkpoint(kind, saved, foreign, path):
         path.write_bytes(b"not a checkpoint\n" * 100)
     elif kind == "foreign":
         path.write_bytes(Path(foreign).read_bytes())
+    elif kind == "a directory":
+        path.mkdir()
     else:
         assert kind == "another network", kind
         checkpoint = torch.load(saved, weights_only=True)
         checkpoint["obs_dim"] += 1
         torch.save(checkpoint, path)
     return path
+
+
+def walker_agent_pt(directory):
+    """An agent.pt of ppo_walker2d.py (a Gaussian policy, act_dim, normalization statistics) in `directory`."""
+    import ppo_walker2d as W
+
+    os.makedirs(directory, exist_ok=True)
+    return W.save_agent(W.Agent(17, 6), W.RunningMeanStd(17), W.RewardScaler(1, 0.99, 10.0), W.Args(), 17, 6,
+                        str(directory))
+
+
+def cartpole_agent_pt(directory):
+    """An agent.pt of ppo_cartpole.py (a Categorical policy, n_actions, no statistics) in `directory`."""
+    import ppo_cartpole as C
+
+    os.makedirs(directory, exist_ok=True)
+    return C.save_agent(C.Agent(4, 2), C.Args(), 4, 2, str(directory))
 
 
 # ---------------------------------------------------------------------------- watching a real run (wiring tests)

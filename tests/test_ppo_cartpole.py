@@ -5,8 +5,7 @@ import pytest
 import torch
 
 import ppo_cartpole
-import ppo_walker2d
-from conftest import check_ppo_update_wiring, unusable_checkpoint, value_of
+from conftest import check_ppo_update_wiring, unusable_checkpoint, value_of, walker_agent_pt
 
 SHARED_TAGS = [
     "charts/episodic_return",
@@ -336,10 +335,6 @@ def test_bad_input_fails_fast_naming_the_flag(fails_fast, kw, flag):
 @pytest.mark.parametrize("kind", ["truncated", "corrupt", "foreign", "another network"])
 def test_a_checkpoint_this_script_did_not_save_fails_fast(tmp_path, fails_fast, kind):
     saved = ppo_cartpole.save_agent(ppo_cartpole.Agent(4, 2), ppo_cartpole.Args(), 4, 2, str(tmp_path))
-    (tmp_path / "walker").mkdir()  # ppo_walker2d.py's agent.pt: a Gaussian policy, act_dim, normalization statistics
-    foreign = ppo_walker2d.save_agent(ppo_walker2d.Agent(17, 6), ppo_walker2d.RunningMeanStd(17),
-                                      ppo_walker2d.RewardScaler(1, 0.99, 10.0), ppo_walker2d.Args(), 17, 6,
-                                      str(tmp_path / "walker"))
-    path = unusable_checkpoint(kind, saved, foreign, tmp_path / "bad.pt")
+    path = unusable_checkpoint(kind, saved, walker_agent_pt(tmp_path / "walker"), tmp_path / "bad.pt")
     fails_fast(ppo_cartpole, small_args, dict(eval_checkpoint=str(path)),
                "--eval-checkpoint .* pass an agent.pt saved by ppo_cartpole.py --save-model")

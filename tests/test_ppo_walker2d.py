@@ -12,9 +12,8 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-import ppo_cartpole
 import ppo_walker2d as P
-from conftest import check_ppo_update_wiring, unusable_checkpoint, value_of
+from conftest import cartpole_agent_pt, check_ppo_update_wiring, unusable_checkpoint, value_of
 
 torch.set_num_threads(1)
 
@@ -523,8 +522,6 @@ def test_bad_input_fails_fast_naming_the_flag(fails_fast, kw, flag):
 def test_a_checkpoint_this_script_did_not_save_fails_fast(tmp_path, fails_fast, kind):
     saved = P.save_agent(P.Agent(17, 6), P.RunningMeanStd(17), P.RewardScaler(1, 0.99, 10.0), P.Args(), 17, 6,
                          str(tmp_path))
-    (tmp_path / "cartpole").mkdir()  # ppo_cartpole.py's agent.pt: a Categorical policy, n_actions, no statistics
-    foreign = ppo_cartpole.save_agent(ppo_cartpole.Agent(4, 2), ppo_cartpole.Args(), 4, 2, str(tmp_path / "cartpole"))
-    path = unusable_checkpoint(kind, saved, foreign, tmp_path / "bad.pt")
+    path = unusable_checkpoint(kind, saved, cartpole_agent_pt(tmp_path / "cartpole"), tmp_path / "bad.pt")
     fails_fast(P, small_args, dict(eval_checkpoint=str(path)),
                "--eval-checkpoint .* pass an agent.pt saved by ppo_walker2d.py --save-model")

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import reinforce
+from conftest import unusable_checkpoint, walker_agent_pt
 
 SHARED_TAGS = [
     "charts/episodic_return",
@@ -343,23 +344,8 @@ def test_bad_input_fails_fast_naming_the_flag(fails_fast, kw, flag):
     fails_fast(reinforce, small_args, kw, flag)
 
 
-@pytest.mark.parametrize("kind", ["truncated", "corrupt", "ppo_walker2d", "another network", "a directory"])
+@pytest.mark.parametrize("kind", ["truncated", "corrupt", "foreign", "another network", "a directory"])
 def test_a_checkpoint_this_script_did_not_save_fails_fast(short_run, tmp_path, fails_fast, kind):
     saved = os.path.join(short_run["run_dir"], "agent.pt")
-    path = tmp_path / "agent.pt"
-    if kind == "truncated":  # e.g. a copy cut short
-        data = open(saved, "rb").read()
-        path.write_bytes(data[: len(data) // 2])
-    elif kind == "corrupt":
-        path.write_bytes(b"not a checkpoint\n" * 100)
-    elif kind == "ppo_walker2d":  # the keys ppo_walker2d.py saves: a Gaussian policy, act_dim, normalization
-        model = {"actor_logstd": torch.zeros(1, 6), "actor_mean.0.weight": torch.zeros(64, 17)}
-        torch.save({"model": model, "obs_rms": {"mean": torch.zeros(17)}, "obs_dim": 17, "act_dim": 6,
-                    "env_id": "Walker2d-v5"}, path)
-    elif kind == "another network":  # this script's keys, weights of another shape
-        checkpoint = torch.load(saved, weights_only=True)
-        checkpoint["n_actions"] += 1
-        torch.save(checkpoint, path)
-    else:  # ppo_rlhf_gpt2.py saves a folder
-        path = tmp_path
+    path = unusable_checkpoint(kind, saved, walker_agent_pt(tmp_path / "walker"), tmp_path / "bad.pt")
     fails_fast(reinforce, small_args, dict(eval_checkpoint=str(path)), "--eval-checkpoint")
