@@ -16,6 +16,7 @@ Usage:
     python ppo_rlhf_gpt2.py --model-name gpt2 --reward-model lvwerra/distilbert-imdb
     python ppo_rlhf_gpt2.py --model-name ./my-gpt2 --reward-model vader --save-model   # offline
     python ppo_rlhf_gpt2.py --eval-checkpoint runs/<run>/model --reward-model vader   # score a saved policy
+    torchrun --nproc_per_node 8 ppo_rlhf_gpt2.py --batch-size 512   # data parallel: 64 responses per GPU
     tensorboard --logdir runs
 
 What the code computes (t is a response token; "real" tokens are those up to and including the stop token):
@@ -57,6 +58,10 @@ Implementation details, numbered as in every PPO file here (1-13: "The 37 Implem
 32. Per-token KL penalty against the frozen reference model, the score added at the last real token.
 33. KL coefficient fixed (--kl-coef) or adaptive (--kl-target, --kl-horizon), clamped so it stays positive.
 34. The value of token t read at the position before it, where the logits that sampled t are read.
+
+Under torchrun (data parallel) each process samples its own slice of the batch; the score normalization, the
+whitening and the logged statistics are computed over all processes, and DDP averages the gradients. The
+lines marked "torchrun" are the whole difference from one process: skip them on a first reading.
 """
 
 import copy
@@ -64,6 +69,7 @@ import importlib.util
 import json
 import os
 import random
+import sys
 import time
 from dataclasses import dataclass
 from typing import Literal
@@ -129,7 +135,8 @@ class Args:
     total_episodes: int = 10_000
     """total number of responses sampled during training (lm-human-preferences: 1M, on 8 GPUs)"""
     batch_size: int = 64
-    """episodes (query + response) per iteration (lm-human-preferences: 512 on 8 GPUs, 64 on each)"""
+    """episodes (query + response) per iteration, over all processes under torchrun (lm-human-preferences:
+    512 on 8 GPUs, 64 on each)"""
     num_minibatches: int = 4
     """the number of minibatches each batch is split into per epoch (lm-human-preferences: 1; more, smaller
     steps for one device's batch: docs/results/ppo_rlhf_gpt2.md#why-these-defaults)"""
@@ -175,8 +182,14 @@ class Args:
     """whiten the per-token rewards (masked, mean kept) before GAE (TRL's; lm-human-preferences: on)"""
 
     # computed in check_args
+    world_size: int = 0
+    """the number of processes: 1, or torchrun's --nproc_per_node x nodes (computed in runtime)"""
+    rank: int = 0
+    """this process's index among them (computed in runtime)"""
+    local_batch_size: int = 0
+    """the episodes this process samples per iteration: batch_size / world_size (computed in runtime)"""
     minibatch_size: int = 0
-    """the minibatch size (computed in runtime)"""
+    """this process's share of a minibatch (computed in runtime)"""
     micro_batch_size: int = 0
     """the micro-batch size (computed in runtime)"""
     num_iterations: int = 0
@@ -189,13 +202,14 @@ class Args:
 
 def query_batches(prompts: list[str], tokenizer, args: Args, device: torch.device):
     """detail 1: batches of args.batch_size queries, one shuffled pass over the prompts after another."""
-    rng, indices = random.Random(args.seed), []
+    rng, indices = random.Random(args.seed), []  # the same draws in every process
     while True:
         while len(indices) < args.batch_size:
             order = list(range(len(prompts)))
             rng.shuffle(order)
             indices += order
         batch, indices = [prompts[i] for i in indices[: args.batch_size]], indices[args.batch_size :]
+        batch = batch[args.rank * args.local_batch_size : (args.rank + 1) * args.local_batch_size]  # torchrun
         yield tokenize_queries(tokenizer, batch, args.max_query_length, device)
 
 
@@ -326,9 +340,12 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
-    """(x - mean) / std over the entries where mask is True (unbiased variance); masked entries become 0."""
-    mean = masked_mean(x, mask)
-    var = masked_mean((x - mean) ** 2, mask) * mask.sum() / (mask.sum() - 1).clamp(min=1)
+    """(x - mean) / std over the entries where mask is True, in all processes under torchrun; masked entries
+    become 0."""
+    count = all_sum(mask.sum())  # torchrun: all_sum adds up the processes' tensors (one process: as is)
+    mean = all_sum(torch.where(mask, x, 0.0).sum()) / count
+    var = all_sum(torch.where(mask, (x - mean) ** 2, 0.0).sum()) / count
+    var = var * count / (count - 1).clamp(min=1)  # unbiased
     whitened = (x - mean) * torch.rsqrt(var + 1e-8)
     if not shift_mean:
         whitened = whitened + mean
@@ -437,7 +454,7 @@ def main(args: Args) -> dict:
     check_args(args)
     random.seed(args.seed)
     np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
+    torch.manual_seed(args.seed + args.rank)  # torchrun: each process samples its own responses
     torch.backends.cudnn.deterministic = args.torch_deterministic
     torch.set_num_threads(args.num_threads)
     if args.cuda and not torch.cuda.is_available():
@@ -445,6 +462,8 @@ def main(args: Args) -> dict:
     device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
     if args.eval_checkpoint is not None:
         return evaluate_checkpoint(args, device)
+    if args.world_size > 1:  # torchrun: join the other processes (NCCL on GPUs, gloo on CPUs)
+        device = init_process_group(args, device)
 
     run_dir = os.path.join(args.runs_dir, f"{args.exp_name}__{args.seed}__{int(time.time())}")
     prompts = load_prompts(args.prompts_file)  # the loading functions are below main()
@@ -458,6 +477,10 @@ def main(args: Args) -> dict:
     # fused: one in-place kernel per tensor, faster and without full-size temporaries
     trained_parameters = list(policy.parameters()) + list(value_model.parameters())
     optimizer = torch.optim.Adam(trained_parameters, lr=args.learning_rate, eps=1e-5, fused=True)
+    # torchrun: the update's passes go through DDP, whose backward averages the gradients over the processes
+    train_policy, train_value_model = policy, value_model
+    if args.world_size > 1:
+        train_policy, train_value_model = (nn.parallel.DistributedDataParallel(m) for m in (policy, value_model))
 
     def sample(model, queries):
         return sample_and_score(model, queries, tokenizer, stop_token_id, reward_fn, args)
@@ -466,15 +489,16 @@ def main(args: Args) -> dict:
     score_gain, score_bias = 1.0, 0.0
     if args.normalize_scores:
         raw_scores = torch.cat([sample(policy, next(query_iter))[4] for _ in range(args.norm_batches)])
+        raw_scores = all_gather(raw_scores)  # torchrun: the scores of all processes
         score_gain, score_bias = score_normalization(raw_scores)
         if score_gain == 1.0:
             print(f"the reward is constant ({raw_scores[0].item():.4g}) on the initial policy's samples: "
                   "scores are shifted to mean 0 but not scaled")
 
-    writer = SummaryWriter(run_dir)
+    writer = SummaryWriter(run_dir) if args.rank == 0 else NoWriter()  # torchrun: process 0 logs
     writer.add_text("hyperparameters", markdown_table(list(vars(args).items()), ("param", "value")))
     eval_stats = {}
-    if args.eval_episodes > 0:
+    if args.eval_episodes > 0 and args.rank == 0:  # torchrun: process 0 evaluates
         eval_stats["initial"] = evaluate(ref_policy, tokenizer, stop_token_id, reward_fn, args, device)
         writer.add_scalar("eval/raw_scores", eval_stats["initial"]["raw_score_mean"], 0)
     kl_coef = args.kl_coef
@@ -496,7 +520,7 @@ def main(args: Args) -> dict:
             query_responses = torch.cat([queries, responses], dim=1)
             with torch.inference_mode():  # in chunks, so that no pass holds batch x length x vocab floats
                 ref_logprobs, values = [], []
-                for i in range(0, args.batch_size, args.local_rollout_forward_batch_size):
+                for i in range(0, args.local_batch_size, args.local_rollout_forward_batch_size):
                     chunk = slice(i, i + args.local_rollout_forward_batch_size)
                     ref_logits = response_logits(ref_policy, query_responses[chunk], context_length,
                                                  args.temperature, pad_token_id)
@@ -522,19 +546,20 @@ def main(args: Args) -> dict:
             update_start = time.time()
             update_stats = {}  # for each debug variable, one tensor per micro-batch; averaged in 5.
             for epoch in range(args.update_epochs):
-                b_inds = torch.randperm(args.batch_size, device=device)
-                for start in range(0, args.batch_size, args.minibatch_size):  # detail 6
+                b_inds = torch.randperm(args.local_batch_size, device=device)
+                for start in range(0, args.local_batch_size, args.minibatch_size):  # detail 6
                     mb_inds = b_inds[start : start + args.minibatch_size]
-                    minibatch_tokens = response_mask[mb_inds].sum()
+                    minibatch_tokens = all_sum(response_mask[mb_inds].sum())  # torchrun: of all processes
                     for micro_start in range(0, args.minibatch_size, args.micro_batch_size):
                         micro_inds = mb_inds[micro_start : micro_start + args.micro_batch_size]
                         mask = response_mask[micro_inds]
                         # only the log-softmax of the logits is kept (backward needs it, not the logits)
-                        all_logprobs = response_logits(policy, query_responses[micro_inds], context_length,
-                                                       args.temperature, pad_token_id).log_softmax(-1)
+                        all_logprobs = response_logits(train_policy, query_responses[micro_inds],
+                                                       context_length, args.temperature,
+                                                       pad_token_id).log_softmax(-1)
                         newlogprob = all_logprobs.gather(-1, real_responses[micro_inds, :, None]).squeeze(-1)
-                        newvalue = response_values(value_model, query_responses[micro_inds], context_length,
-                                                   pad_token_id)
+                        newvalue = response_values(train_value_model, query_responses[micro_inds],
+                                                   context_length, pad_token_id)
                         pg_loss, ratio, logratio = policy_loss(newlogprob, logprobs[micro_inds],
                                                                advantages[micro_inds], mask, args.clip_coef)
                         v_loss = value_loss(newvalue, values[micro_inds], returns[micro_inds], mask,
@@ -542,7 +567,8 @@ def main(args: Args) -> dict:
                         loss = pg_loss + args.vf_coef * v_loss  # detail 10
                         # detail 6: each micro-batch weighted by its share of the minibatch's real tokens,
                         # so the accumulated gradient is that of the token mean over the whole minibatch
-                        (loss * mask.sum() / minibatch_tokens).backward()
+                        # (torchrun: times world_size, as DDP divides the sum over the processes by it)
+                        (loss * mask.sum() * args.world_size / minibatch_tokens).backward()
                         with torch.no_grad():
                             debug = debug_variables(all_logprobs, ratio, logratio, mask, args.clip_coef)
                             for k, v in dict(policy_loss=pg_loss, value_loss=v_loss, **debug).items():
@@ -575,13 +601,14 @@ def main(args: Args) -> dict:
                 "objective/non_score_reward": mean_non_score_reward,
                 "objective/rlhf_reward": mean_non_score_reward + scores.mean().item(),
                 "objective/entropy": (-logprobs).masked_fill(padding_mask, 0).sum(1).mean().item(),
-                "val/num_eos_tokens": contain_stop.sum().item(),
+                "val/num_eos_tokens": contain_stop.sum().item() * args.world_size,  # a sum, after the mean
                 "val/ratio": update_stats["ratio"],
                 "val/distinct_responses": distinct_responses,
                 "val/distinct_2": distinct_2,
                 "time/rollout": rollout_time,
                 "time/update": update_time,
             }
+            stats = mean_over_processes(stats, device)  # torchrun: each statistic's mean over the processes
             for tag, value in stats.items():
                 writer.add_scalar(tag, value, iteration)
             if iteration == 1 or iteration % args.log_samples_every == 0 or iteration == args.num_iterations:
@@ -591,22 +618,22 @@ def main(args: Args) -> dict:
                 table = markdown_table(rows[:8], ("query", "response", "score"))
                 writer.add_text("samples", table, iteration)
             print(f"iteration {iteration}/{args.num_iterations} score {stats['objective/scores']:.3f} "
-                  f"kl {mean_kl:.3f} kl_coef {kl_coef:.4f} SPS {stats['charts/SPS']:.1f}")
+                  f"kl {stats['objective/kl']:.3f} kl_coef {kl_coef:.4f} SPS {stats['charts/SPS']:.1f}")
 
             if args.kl_target is not None:  # detail 33: the next iteration's KL coefficient
-                kl_coef = adaptive_kl_coef(kl_coef, mean_kl, args.kl_target, args.kl_horizon, args.batch_size,
-                                           args.kl_coef)
+                kl_coef = adaptive_kl_coef(kl_coef, stats["objective/kl"], args.kl_target, args.kl_horizon,
+                                           args.batch_size, args.kl_coef)
     except KeyboardInterrupt:
         print(f"interrupted in iteration {iteration}: keeping the logs, skipping the evaluation")
         interrupted = True
 
     # 6. save / evaluate
     try:
-        if args.save_model:
+        if args.save_model and args.rank == 0:
             model_path = os.path.join(run_dir, "model")
             save_policy(policy, args.model_name, model_path)
             print(f"policy saved to {model_path}")
-        if args.eval_episodes > 0 and not interrupted:
+        if args.eval_episodes > 0 and not interrupted and args.rank == 0:
             eval_stats["final"] = evaluate(policy, tokenizer, stop_token_id, reward_fn, args, device)
             writer.add_scalar("eval/raw_scores", eval_stats["final"]["raw_score_mean"], iteration)
             initial, final = eval_stats["initial"]["raw_score_mean"], eval_stats["final"]["raw_score_mean"]
@@ -617,6 +644,8 @@ def main(args: Args) -> dict:
         print("interrupted while saving or evaluating: keeping the logs; the model folder may be incomplete")
     finally:
         writer.close()
+        if args.world_size > 1:
+            torch.distributed.destroy_process_group()
     return {"run_dir": run_dir, "eval": eval_stats, **stats}
 
 
@@ -633,8 +662,8 @@ def evaluate(policy, tokenizer, stop_token_id: int, reward_fn, args: Args, devic
     raw_scores, contain_stop, samples = [], [], []
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(args.seed)
-        for i in range(0, len(prompts), args.batch_size):
-            batch = prompts[i : i + args.batch_size]
+        for i in range(0, len(prompts), args.local_batch_size):
+            batch = prompts[i : i + args.local_batch_size]
             queries = tokenize_queries(tokenizer, batch, args.max_query_length, device)
             responses, _, _, stopped, scores = sample_and_score(policy, queries, tokenizer, stop_token_id,
                                                                 reward_fn, args)
@@ -682,13 +711,19 @@ def check_args(args: Args) -> None:
     if not 0 <= args.min_response_length < args.response_length:
         raise SystemExit(f"error: --min-response-length {args.min_response_length} must be at least 0 and "
                          f"smaller than --response-length {args.response_length}")
-    if args.batch_size % args.num_minibatches != 0:
+    # torchrun sets WORLD_SIZE and RANK; every process checks the arguments and fails with the same message
+    args.world_size, args.rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    if args.eval_checkpoint is not None and args.world_size > 1:
+        raise SystemExit("error: --eval-checkpoint runs in one process: run it with python, not torchrun")
+    if args.batch_size % (args.num_minibatches * args.world_size) != 0:
+        processes = f" times the {args.world_size} torchrun processes" if args.world_size > 1 else ""
         raise SystemExit(f"error: --batch-size {args.batch_size} is not divisible by --num-minibatches "
-                         f"{args.num_minibatches}; choose a batch size that is a multiple of it")
-    args.minibatch_size = args.batch_size // args.num_minibatches
+                         f"{args.num_minibatches}{processes}; choose a batch size that is a multiple of it")
+    args.local_batch_size = args.batch_size // args.world_size
+    args.minibatch_size = args.local_batch_size // args.num_minibatches
     if args.minibatch_size % args.gradient_accumulation_steps != 0:
         raise SystemExit(f"error: the minibatch size {args.minibatch_size} (--batch-size / "
-                         f"--num-minibatches) is not divisible by --gradient-accumulation-steps "
+                         f"--num-minibatches / processes) is not divisible by --gradient-accumulation-steps "
                          f"{args.gradient_accumulation_steps}")
     args.micro_batch_size = args.minibatch_size // args.gradient_accumulation_steps
     if args.total_episodes < args.batch_size:
@@ -714,6 +749,50 @@ def check_args(args: Args) -> None:
     if args.reward_model == "vader" and importlib.util.find_spec("vaderSentiment") is None:
         raise SystemExit("error: --reward-model vader needs the vaderSentiment package (pip install "
                          "vaderSentiment)")
+
+
+def init_process_group(args: Args, device: torch.device) -> torch.device:
+    """torchrun: join the process group; on GPUs, each process takes the GPU torchrun assigns it. Returns
+    this process's device."""
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+    torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    if args.rank > 0:
+        sys.stdout = open(os.devnull, "w")  # process 0 prints the progress; errors still reach stderr
+    return device
+
+
+def all_sum(x: torch.Tensor) -> torch.Tensor:
+    """torchrun: the sum of x over the processes, in place (one process: x as it is)."""
+    if torch.distributed.is_initialized():
+        torch.distributed.all_reduce(x)
+    return x
+
+
+def all_gather(x: torch.Tensor) -> torch.Tensor:
+    """torchrun: the processes' x concatenated in process order (one process: x as it is)."""
+    if not torch.distributed.is_initialized():
+        return x
+    parts = [torch.empty_like(x) for _ in range(torch.distributed.get_world_size())]
+    torch.distributed.all_gather(parts, x)
+    return torch.cat(parts)
+
+
+def mean_over_processes(stats: dict, device: torch.device) -> dict:
+    """torchrun: each value's mean over the processes (one process: the values as they are)."""
+    if not torch.distributed.is_initialized():
+        return stats
+    values = torch.tensor(list(stats.values()), dtype=torch.float64, device=device)
+    torch.distributed.all_reduce(values)
+    return dict(zip(stats, (values / torch.distributed.get_world_size()).tolist()))
+
+
+class NoWriter:
+    """torchrun: the SummaryWriter of the processes other than 0, which write nothing."""
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
 
 
 def check_saved_policy(path: str) -> None:

@@ -1,9 +1,13 @@
 """Tests of ppo_rlhf_gpt2.py, offline: a tiny GPT-2, its tokenizer and a tiny reward model are built here,
 saved with save_pretrained, and loaded by the script's own loading code."""
 
+import json
 import math
+import os
 import re
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -767,3 +771,118 @@ def test_evaluation_scores_held_out_prompts_without_changing_training(tiny, tmp_
     assert again["eval"]["final"]["samples"] == final["samples"]
     assert again["eval"]["final"]["raw_scores"] == final["raw_scores"]
     assert not (tmp_path / "checkpoint" / "runs").exists()
+
+
+# ------------------------------------------------------------------------------------------------------------
+# torchrun: two gloo processes on the CPU against one process with the same global batch.
+
+# The script run by both: sampling is replaced by a fixed function of each query (random tokens drawn from a
+# generator seeded with the query's token ids, and a stop token at a query-dependent position), with the
+# log-probs recomputed by the policy. So one process with a batch of 8 and two processes with 4 each see the
+# same (query, response) pairs, whichever process samples them. It also records the gradient norm of each
+# optimizer step, before clipping, in grad_norms_<rank>.json beside the runs folder.
+DRIVER = '''
+import json, os, sys
+import torch, tyro
+sys.path.insert(0, {repo!r})
+import ppo_rlhf_gpt2 as rlhf
+
+@torch.inference_mode()
+def generate(policy, queries, response_length, temperature, pad_token_id):
+    rows = []
+    for query in queries.tolist():
+        generator = torch.Generator().manual_seed(abs(hash(tuple(query))) % 2**31)
+        row = torch.randint(0, {vocab_size}, (response_length,), generator=generator)
+        row[sum(query) % response_length] = {stop_id}
+        rows.append(row)
+    responses = torch.stack(rows).to(queries.device)
+    logits = rlhf.response_logits(policy, torch.cat([queries, responses], 1), queries.shape[1], temperature,
+                                  pad_token_id)
+    return responses, rlhf.gather_logprobs(logits, responses)
+
+norms, clip = [], rlhf.nn.utils.clip_grad_norm_
+def record_norm(parameters, max_norm):
+    norms.append(clip(parameters, max_norm).item())
+    return norms[-1]
+
+rlhf.generate, rlhf.nn.utils.clip_grad_norm_ = generate, record_norm
+args = tyro.cli(rlhf.Args)
+rlhf.main(args)
+with open(os.path.join(args.runs_dir, "..", f"grad_norms_{{args.rank}}.json"), "w") as f:
+    json.dump(norms, f)
+'''
+
+
+@pytest.fixture(scope="module")
+def torchrun_case(tiny, tmp_path_factory):
+    """The driver script and flags: 8 prompts of the same token length (so that a batch of 4 is padded as
+    the batch of 8), one iteration, two epochs over one minibatch of two accumulated micro-batches."""
+    root = tmp_path_factory.mktemp("torchrun")
+    tokenizer = AutoTokenizer.from_pretrained(tiny["policy"])
+    lengths = {p: len(tokenizer.encode(p)) for p in rlhf.PROMPTS}
+    common_length = max(set(lengths.values()), key=list(lengths.values()).count)
+    prompts = [p for p in rlhf.PROMPTS if lengths[p] == common_length][:8]
+    assert len(prompts) == 8
+    (root / "prompts.txt").write_text("\n".join(prompts))
+    stop_id = tokenizer.encode("x.")[-1]
+    (root / "driver.py").write_text(DRIVER.format(repo=str(Path(rlhf.__file__).parent), stop_id=stop_id,
+                                                     vocab_size=len(tokenizer)))
+    flags = ["--model-name", tiny["policy"], "--reward-model", "length", "--no-cuda", "--prompts-file",
+             str(root / "prompts.txt"), "--batch-size", "8", "--num-minibatches", "1", "--update-epochs", "2",
+             "--gradient-accumulation-steps", "2", "--total-episodes", "8", "--response-length", "8",
+             "--min-response-length", "0", "--norm-batches", "1", "--eval-episodes", "0", "--learning-rate",
+             "1e-3", "--missing-eos-penalty", "None", "--save-model"]
+    return root, flags
+
+
+def run_script(root: Path, name: str, flags: list, processes: int):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                str(processes)] if processes > 1 else [sys.executable]
+    (root / name).mkdir()
+    return subprocess.run(launcher + [str(root / "driver.py"), *flags, "--runs-dir", str(root / name / "runs")],
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_torchrun_two_processes_make_the_update_of_one_process(torchrun_case):
+    """Same responses, same update: the prompts split over the processes, the score normalization, the
+    advantage whitening and the token weighting of the loss computed over both processes, the gradients
+    averaged by DDP. Each of these, done per process, changes the weights or the gradient norm below."""
+    root, flags = torchrun_case
+    for name, processes in (("one", 1), ("two", 2)):
+        result = run_script(root, name, flags, processes)
+        assert result.returncode == 0, result.stderr[-3000:]
+    run_dirs = {name: list((root / name / "runs").iterdir()) for name in ("one", "two")}
+    assert [len(d) for d in run_dirs.values()] == [1, 1]  # process 1 writes no run folder of its own
+    run_dirs = {name: d[0] for name, d in run_dirs.items()}
+    initial = AutoModelForCausalLM.from_pretrained(flags[1]).state_dict()
+    one, two = (AutoModelForCausalLM.from_pretrained(run_dirs[n] / "model").state_dict() for n in ("one", "two"))
+    moved = max((one[k] - initial[k]).abs().max().item() for k in initial)
+    differ = max((one[k] - two[k]).abs().max().item() for k in initial)
+    assert moved > 1e-3 and differ < 1e-5, (moved, differ)  # the update is far larger than the float noise
+    # the gradient norm of each optimizer step (2 epochs x 1 minibatch), before clipping: Adam alone would
+    # hide a gradient scaled by a constant, the norm does not
+    norms = [json.loads((root / f).read_text()) for f in ("one/grad_norms_0.json", "two/grad_norms_0.json",
+                                                          "two/grad_norms_1.json")]
+    assert len(norms[0]) == 2 and norms[0][0] > 0
+    assert norms[1] == pytest.approx(norms[0], rel=1e-4) and norms[2] == pytest.approx(norms[0], rel=1e-4)
+    # the logged statistics of the rollout are over both processes' responses
+    scalars = {name: read_scalars(d) for name, d in run_dirs.items()}
+    for tag in ("objective/scores", "objective/raw_scores", "charts/episodic_length", "val/num_eos_tokens",
+                "objective/kl"):
+        assert scalars["two"][tag] == pytest.approx(scalars["one"][tag], abs=1e-5), tag
+
+
+def test_torchrun_bad_flag_fails_in_every_process_with_one_message(torchrun_case):
+    root, flags = torchrun_case
+    # 6 responses split into 2 minibatches works in one process, not in 2 x 2 shares of 1.5
+    result = run_script(root, "bad", flags + ["--batch-size", "6", "--num-minibatches", "2"], processes=2)
+    message = ("error: --batch-size 6 is not divisible by --num-minibatches 2 times the 2 torchrun processes; "
+               "choose a batch size that is a multiple of it")
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    # each process checks the flags before any collective, so none waits for the other; the first to fail
+    # makes torchrun stop the other, which may or may not have printed the same line by then
+    assert 1 <= output.count(message) <= 2 and output.count("error:") == output.count(message)
+    assert 'ppo_rlhf_gpt2.py", line' not in output  # no traceback from the script (torchrun prints its own)
+    assert not (root / "bad" / "runs").exists()
