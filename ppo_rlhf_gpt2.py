@@ -58,10 +58,8 @@ Implementation details, numbered as in every PPO file here (1-13: "The 37 Implem
 32. Per-token KL penalty against the frozen reference model, the score added at the last real token.
 33. KL coefficient fixed (--kl-coef) or adaptive (--kl-target, --kl-horizon), clamped so it stays positive.
 34. The value of token t read at the position before it, where the logits that sampled t are read.
-
-Under torchrun (data parallel) each process samples its own slice of the batch; the score normalization, the
-whitening and the logged statistics are computed over all processes, and DDP averages the gradients. The
-lines marked "torchrun" are the whole difference from one process: skip them on a first reading.
+Under torchrun each process samples its slice of the batch, the normalization, the whitening and the logged
+statistics are computed over all processes and DDP averages the gradients: the lines marked "torchrun".
 """
 
 import copy

@@ -859,7 +859,7 @@ def test_torchrun_two_processes_make_the_update_of_one_process(torchrun_case):
     one, two = (AutoModelForCausalLM.from_pretrained(run_dirs[n] / "model").state_dict() for n in ("one", "two"))
     moved = max((one[k] - initial[k]).abs().max().item() for k in initial)
     differ = max((one[k] - two[k]).abs().max().item() for k in initial)
-    assert moved > 1e-3 and differ < 1e-5, (moved, differ)  # the update is far larger than the float noise
+    assert moved > 1e-3 and differ < 1e-6, (moved, differ)  # the update is far larger than the float noise
     # the gradient norm of each optimizer step (2 epochs x 1 minibatch), before clipping: Adam alone would
     # hide a gradient scaled by a constant, the norm does not
     norms = [json.loads((root / f).read_text()) for f in ("one/grad_norms_0.json", "two/grad_norms_0.json",
