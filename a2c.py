@@ -69,60 +69,36 @@ from torch.utils.tensorboard import SummaryWriter
 @dataclass
 class Args:
     # experiment
-    exp_name: str = os.path.basename(__file__)[: -len(".py")]
-    """the name of this experiment (part of the run directory name)"""
-    seed: int = 1
-    """seed of the experiment (python, numpy, torch and the environments)"""
-    torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True`"""
-    cuda: bool = True
-    """if toggled and a GPU is available, train on it"""
-    num_threads: int = 1
-    """torch CPU threads; 1 is fastest for a small MLP and robust to a busy machine"""
-    runs_dir: str = "runs"
-    """TensorBoard logs and saved agents go to <runs_dir>/<run_name>/"""
-    save_model: bool = False
-    """save the trained agent to <runs_dir>/<run_name>/agent.pt"""
-    eval_episodes: int = 10
-    """episodes of the greedy policy to evaluate after training (0: no evaluation)"""
-    eval_checkpoint: str | None = None
-    """path to an agent.pt saved by --save-model: evaluate it for --eval-episodes episodes, no training"""
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]  # part of the run directory name
+    seed: int = 1  # seed of python, numpy, torch and the environments
+    torch_deterministic: bool = True  # if toggled, `torch.backends.cudnn.deterministic=True`
+    cuda: bool = True  # if toggled and a GPU is available, train on it
+    num_threads: int = 1  # torch CPU threads; 1 is fastest for a small MLP, busy machine or not
+    runs_dir: str = "runs"  # TensorBoard logs and saved agents go to <runs_dir>/<run_name>/
+    save_model: bool = False  # save the trained agent to <runs_dir>/<run_name>/agent.pt
+    eval_episodes: int = 10  # episodes of the greedy policy evaluated after training (0: none)
+    eval_checkpoint: str | None = None  # a saved agent.pt: evaluate it for --eval-episodes and exit
 
     # environment
-    env_id: str = "CartPole-v1"
-    """the id of the environment (its action space must be Discrete)"""
-    total_timesteps: int = 500_000
-    """total environment steps of the experiment (summed over all envs)"""
-    num_envs: int = 32
-    """the number of parallel environments (rl-zoo: 8; more envs share the per-step Python overhead)"""
-    num_steps: int = 8
-    """steps per env per rollout, the n of the n-step returns (rl-zoo: 5; fewer gradient steps on 2 cores)"""
+    env_id: str = "CartPole-v1"  # the id of the environment (its action space must be Discrete)
+    total_timesteps: int = 500_000  # total environment steps, summed over all envs
+    num_envs: int = 32  # parallel environments (rl-zoo: 8; more envs share the per-step Python cost)
+    num_steps: int = 8  # steps per env per rollout, n of the n-step returns (rl-zoo: 5; fewer updates)
 
     # algorithm
-    learning_rate: float = 2e-3
-    """the learning rate of RMSProp (rl-zoo: 7e-4; larger for the fewer, larger batches here)"""
-    anneal_lr: bool = True
-    """anneal the learning rate linearly to 0 (rl-zoo: constant; annealed as in ppo_cartpole.py)"""
-    gamma: float = 0.98
-    """the discount factor gamma (rl-zoo: 0.99; why: docs/results/a2c.md#why-these-defaults)"""
-    gae: bool = False
-    """use generalized advantage estimation (gamma, gae_lambda) instead of n-step returns"""
-    gae_lambda: float = 0.95
-    """the lambda of generalized advantage estimation (only with --gae)"""
-    norm_adv: bool = False
-    """normalize the advantages of each batch"""
-    ent_coef: float = 0.0
-    """coefficient of the entropy bonus"""
-    vf_coef: float = 0.5
-    """coefficient of the value loss 0.5 * MSE as in ppo_cartpole.py (SB3's is MSE: twice the gradient)"""
-    max_grad_norm: float = 0.5
-    """the maximum norm of the global gradient"""
+    learning_rate: float = 2e-3  # of RMSProp (rl-zoo: 7e-4; larger for the fewer, larger batches here)
+    anneal_lr: bool = True  # anneal the learning rate linearly to 0 (rl-zoo: constant)
+    gamma: float = 0.98  # the discount factor (rl-zoo: 0.99; why: docs/results/a2c.md#why-these-defaults)
+    gae: bool = False  # use generalized advantage estimation (gamma, gae_lambda), not n-step returns
+    gae_lambda: float = 0.95  # the lambda of generalized advantage estimation (only with --gae)
+    norm_adv: bool = False  # normalize the advantages of each batch
+    ent_coef: float = 0.0  # coefficient of the entropy bonus
+    vf_coef: float = 0.5  # coefficient of the value loss 0.5 * MSE (SB3's MSE: twice the gradient)
+    max_grad_norm: float = 0.5  # the maximum norm of the global gradient
 
     # computed in check_args
-    batch_size: int = 0
-    """the batch size (computed: num_envs * num_steps)"""
-    num_iterations: int = 0
-    """the number of rollout/update iterations (computed: total_timesteps / batch_size, rounded up)"""
+    batch_size: int = 0  # computed: num_envs * num_steps
+    num_iterations: int = 0  # computed: total_timesteps / batch_size, rounded up
 
 
 def check_args(args: Args) -> None:

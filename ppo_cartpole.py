@@ -66,70 +66,41 @@ class Args:
     """Defaults that differ from CleanRL's, and why: docs/results/ppo_cartpole.md#why-these-defaults"""
 
     # experiment
-    exp_name: str = os.path.basename(__file__)[: -len(".py")]
-    """the name of this experiment (part of the run directory name)"""
-    seed: int = 1
-    """seed of the experiment (python, numpy, torch and the environments)"""
-    torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True`"""
-    cuda: bool = True
-    """if toggled and a GPU is available, train on it"""
-    num_threads: int = 1
-    """torch CPU threads; 1 is fastest for a small MLP and robust to a busy machine"""
-    runs_dir: str = "runs"
-    """TensorBoard logs and saved agents go to <runs_dir>/<run_name>/"""
-    save_model: bool = False
-    """save the trained agent to <runs_dir>/<run_name>/agent.pt"""
-    eval_episodes: int = 10
-    """episodes of the greedy policy to evaluate after training (0: none)"""
-    eval_checkpoint: str | None = None
-    """path to a saved agent.pt: evaluate it for --eval-episodes episodes and exit, no training"""
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]  # part of the run directory name
+    seed: int = 1  # seed of python, numpy, torch and the environments
+    torch_deterministic: bool = True  # if toggled, `torch.backends.cudnn.deterministic=True`
+    cuda: bool = True  # if toggled and a GPU is available, train on it
+    num_threads: int = 1  # torch CPU threads; 1 is fastest for a small MLP, busy machine or not
+    runs_dir: str = "runs"  # TensorBoard logs and saved agents go to <runs_dir>/<run_name>/
+    save_model: bool = False  # save the trained agent to <runs_dir>/<run_name>/agent.pt
+    eval_episodes: int = 10  # episodes of the greedy policy evaluated after training (0: none)
+    eval_checkpoint: str | None = None  # a saved agent.pt: evaluate it for --eval-episodes and exit
 
     # environment
-    env_id: str = "CartPole-v1"
-    """the id of the environment (its action space must be Discrete)"""
-    total_timesteps: int = 100_000
-    """total environment steps, summed over all envs (CleanRL: 500k; enough to reach the maximum)"""
-    num_envs: int = 8
-    """the number of parallel environments (CleanRL: 4; rl-baselines3-zoo's tuned CartPole PPO)"""
-    num_steps: int = 32
-    """the steps run in each environment per rollout (CleanRL: 128; the zoo's: shorter, more updates)"""
+    env_id: str = "CartPole-v1"  # the id of the environment (its action space must be Discrete)
+    total_timesteps: int = 100_000  # total environment steps, summed over all envs (CleanRL: 500k)
+    num_envs: int = 8  # parallel environments (CleanRL: 4; rl-baselines3-zoo's tuned CartPole PPO)
+    num_steps: int = 32  # steps per env per rollout (CleanRL: 128; the zoo's: shorter, more updates)
 
     # algorithm
-    learning_rate: float = 1e-3
-    """the learning rate (CleanRL: 2.5e-4; the zoo's)"""
-    anneal_lr: bool = True
-    """anneal the learning rate linearly to 0"""
-    gamma: float = 0.98
-    """the discount factor (CleanRL: 0.99; the zoo's: a shorter horizon, enough to balance a pole)"""
-    gae_lambda: float = 0.8
-    """the lambda of generalized advantage estimation (CleanRL: 0.95; the zoo's)"""
-    num_minibatches: int = 1
-    """minibatches per batch (CleanRL: 4; the zoo's: the batch of 256 is one minibatch)"""
-    update_epochs: int = 10
-    """passes over each batch (CleanRL: 4; the zoo uses 20, 10 halve the update cost and learn as well)"""
-    norm_adv: bool = True
-    """normalize the advantages of each minibatch"""
-    clip_coef: float = 0.2
-    """the surrogate clipping coefficient"""
-    clip_vloss: bool = False
-    """use a clipped value loss (CleanRL: on; a range of clip_coef in return units holds the critic back)"""
-    ent_coef: float = 0.0
-    """coefficient of the entropy bonus (CleanRL: 0.01; the zoo's)"""
-    vf_coef: float = 0.5
-    """coefficient of the value loss"""
-    max_grad_norm: float = 0.5
-    """the maximum norm of the global gradient"""
-    target_kl: float | None = None
-    """stop the epochs of an update early once approx_kl exceeds this (None: never)"""
+    learning_rate: float = 1e-3  # the learning rate (CleanRL: 2.5e-4; the zoo's)
+    anneal_lr: bool = True  # anneal the learning rate linearly to 0
+    gamma: float = 0.98  # discount (CleanRL: 0.99; the zoo's: a shorter horizon, enough for a pole)
+    gae_lambda: float = 0.8  # the lambda of generalized advantage estimation (CleanRL: 0.95; the zoo's)
+    num_minibatches: int = 1  # per batch (CleanRL: 4; the zoo's: the batch of 256 is one minibatch)
+    update_epochs: int = 10  # passes over each batch (CleanRL: 4; the zoo's 20 cost twice, learn as well)
+    norm_adv: bool = True  # normalize the advantages of each minibatch
+    clip_coef: float = 0.2  # the surrogate clipping coefficient
+    clip_vloss: bool = False  # clipped value loss (CleanRL: on; clip_coef in return units holds it back)
+    ent_coef: float = 0.0  # coefficient of the entropy bonus (CleanRL: 0.01; the zoo's)
+    vf_coef: float = 0.5  # coefficient of the value loss
+    max_grad_norm: float = 0.5  # the maximum norm of the global gradient
+    target_kl: float | None = None  # stop an update's epochs once approx_kl exceeds this (None: never)
 
     # computed in check_args
-    batch_size: int = 0
-    """the batch size (computed: num_envs * num_steps)"""
-    minibatch_size: int = 0
-    """the minibatch size (computed: batch_size // num_minibatches)"""
-    num_iterations: int = 0
-    """the number of rollout/update iterations (computed: total_timesteps // batch_size)"""
+    batch_size: int = 0  # computed: num_envs * num_steps
+    minibatch_size: int = 0  # computed: batch_size // num_minibatches
+    num_iterations: int = 0  # computed: total_timesteps // batch_size
 
 
 def make_env(env_id: str):

@@ -4,9 +4,8 @@ The PPO of `ppo_walker2d.py` seen through a language model: the state is the que
 tokens so far, the action is the next token, the policy is the language model, and an episode is one
 response, which ends at its first stop token (or after `response_length` tokens). The reward is the reward
 model's score at the end of the response minus a per-token KL penalty against a frozen reference model.
-Four models: the policy and the value model (its own backbone with a scalar head), both trained; the
-reference (a frozen copy of the initial policy) and the reward model (frozen; by default a sentiment
-classifier: continue movie-review openings positively, the sentiment task of OpenAI's lm-human-preferences).
+Four models: the policy and the value model (its own backbone, a scalar head) are trained; the reference (the
+initial policy) and the reward model are frozen. The default task is lm-human-preferences' sentiment one.
 
 Papers: Ziegler et al. 2019, "Fine-Tuning Language Models from Human Preferences" (arXiv:1909.08593);
 Huang et al. 2024, "The N+ Implementation Details of RLHF with PPO" (arXiv:2403.17031);
@@ -42,8 +41,7 @@ Implementation details, numbered as in every PPO file here (1-13: "The 37 Implem
  8. Clipped surrogate objective.       9. Clipped value loss.       (both averaged over real tokens)
 10. One loss, no entropy bonus, and one Adam over the policy and the value model.
 11. Global gradient-norm clipping.     12. Debug variables: approx_kl, clipfrac, explained variance.
-13. Separate policy and value networks: the value model has its own backbone (the policy's copied, or
-    --value-model).
+13. Separate policy and value networks: the value model has its own backbone (--value-model).
 23. A pad token distinct from EOS, never fed to a model and never sampled (masked out of the logits).
 24. Left padding of the queries: every query ends in the same column and the response follows it.
 25. Position ids computed from the attention mask in every forward pass.
@@ -53,13 +51,12 @@ Implementation details, numbered as in every PPO file here (1-13: "The 37 Implem
 29. Truncation after the first stop token at or after --min-response-length tokens: what follows is
     padding, masked out of the KL, the values, the advantages and the losses.
 30. The EOS trick: a response without that stop token gets --missing-eos-penalty instead of its score.
-31. Reward normalization: the scores scaled and shifted once, before training, to mean 0 and std 1 on the
-    initial policy's samples; optional masked whitening of the per-token rewards.
+31. Reward normalization: the scores set to mean 0 and std 1 on the initial policy's samples, once;
+    optionally the per-token rewards whitened (masked) in every batch.
 32. Per-token KL penalty against the frozen reference model, the score added at the last real token.
 33. KL coefficient fixed (--kl-coef) or adaptive (--kl-target, --kl-horizon), clamped so it stays positive.
 34. The value of token t read at the position before it, where the logits that sampled t are read.
-Under torchrun each process samples its slice of the batch, the normalization, the whitening and the logged
-statistics are computed over all processes and DDP averages the gradients: the lines marked "torchrun".
+Lines marked "torchrun" split the batch over processes, compute statistics over all, and sync gradients.
 """
 
 import copy
@@ -83,115 +80,64 @@ from transformers import (AutoConfig, AutoModel, AutoModelForCausalLM, AutoModel
 
 @dataclass
 class Args:
+    """Why the defaults differ from lm-human-preferences': docs/results/ppo_rlhf_gpt2.md#why-these-defaults"""
+
     # experiment
-    exp_name: str = os.path.basename(__file__)[: -len(".py")]
-    """the name of this experiment"""
-    seed: int = 1
-    """seed of the experiment"""
-    torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True`"""
-    cuda: bool = True
-    """if toggled, cuda will be enabled when available"""
-    num_threads: int = 1
-    """number of CPU threads torch may use"""
-    runs_dir: str = "runs"
-    """directory for the TensorBoard run folders (and the saved model)"""
-    save_model: bool = False
-    """if toggled, save the policy and its tokenizer with `save_pretrained` in the run folder"""
-    log_samples_every: int = 10
-    """log a text table of sample (query, response, score) every this many iterations"""
-    eval_episodes: int = 256
-    """responses sampled on held-out prompts to score the initial and the final policy (0: no evaluation)"""
-    eval_checkpoint: str | None = None
-    """a folder written by --save-model: only evaluate that policy on the held-out prompts, no training"""
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]  # part of the run directory name
+    seed: int = 1  # seed of python, numpy and torch
+    torch_deterministic: bool = True  # if toggled, `torch.backends.cudnn.deterministic=True`
+    cuda: bool = True  # if toggled and a GPU is available, train on it (torchrun: one GPU a process)
+    num_threads: int = 1  # torch CPU threads (each process's, under torchrun)
+    runs_dir: str = "runs"  # TensorBoard logs and the saved model go to <runs_dir>/<run_name>/
+    save_model: bool = False  # save the policy and its tokenizer (save_pretrained) to <run dir>/model
+    log_samples_every: int = 10  # log a table of (query, response, score) every this many iterations
+    eval_episodes: int = 256  # held-out responses scoring the initial and final policy (0: no evaluation)
+    eval_checkpoint: str | None = None  # a --save-model folder: only score it on the held-out prompts
 
     # models and task
-    model_name: str = "gpt2"
-    """the policy: a causal LM id or local directory (AutoModelForCausalLM)"""
-    value_model: str | None = None
-    """the value model's backbone (the N+ paper: the reward model's); default: a copy of the policy's"""
-    reward_model: str = "lvwerra/distilbert-imdb"
-    """a sequence-classification model id or folder, `vader` (lexicon sentiment) or `length` (characters);
-    the default is TRL's sentiment classifier (lm-human-preferences trains one on human labels)"""
-    reward_label: int = 1
-    """index of the reward model's logit used as the score (1 = POSITIVE for lvwerra/distilbert-imdb)"""
-    prompts_file: str | None = None
-    """a text file with one prompt per line (default: the built-in movie-review openings)"""
-    max_query_length: int = 32
-    """queries longer than this many tokens are truncated from the left (lm-human-preferences: 64 tokens
-    of books; the built-in prompts are shorter)"""
-    response_length: int = 24
-    """number of tokens sampled for each response"""
-    min_response_length: int = 16
-    """a stop token earlier than this many tokens does not end the response"""
-    temperature: float = 0.7
-    """sampling temperature; the policy is softmax(logits / temperature)"""
-    stop_token: str = "."
-    """`eos` or a string that is a single token inside text: responses are truncated after it"""
+    model_name: str = "gpt2"  # the policy: a causal LM's hub id or local directory
+    value_model: str | None = None  # the value model's backbone (default: a copy of the policy's)
+    reward_model: str = "lvwerra/distilbert-imdb"  # a classifier id or folder, `vader` or `length`
+    reward_label: int = 1  # the reward model's logit used as the score (1: POSITIVE in distilbert-imdb)
+    prompts_file: str | None = None  # one prompt per line (default: the built-in movie-review openings)
+    max_query_length: int = 32  # longer queries lose their first tokens (lm-human-preferences: 64)
+    response_length: int = 24  # number of tokens sampled for each response
+    min_response_length: int = 16  # a stop token earlier than this many tokens does not end the response
+    temperature: float = 0.7  # sampling temperature: the policy is softmax(logits / temperature)
+    stop_token: str = "."  # `eos` or a single-token string: responses are truncated after it
 
     # algorithm
-    total_episodes: int = 10_000
-    """total number of responses sampled during training (lm-human-preferences: 1M, on 8 GPUs)"""
-    batch_size: int = 64
-    """episodes (query + response) per iteration, over all processes under torchrun (lm-human-preferences:
-    512 on 8 GPUs, 64 on each)"""
-    num_minibatches: int = 4
-    """the number of minibatches each batch is split into per epoch (lm-human-preferences: 1; more, smaller
-    steps for one device's batch: docs/results/ppo_rlhf_gpt2.md#why-these-defaults)"""
-    gradient_accumulation_steps: int = 1
-    """each minibatch is processed in this many micro-batches whose gradients are accumulated"""
-    local_rollout_forward_batch_size: int = 16
-    """the rollout's reference, value and reward passes run on this many responses at a time"""
-    update_epochs: int = 4
-    """the K epochs to update the policy and value model per batch"""
-    learning_rate: float = 1.41e-5
-    """the learning rate of the optimizer (TRL's; lm-human-preferences: 1e-5)"""
-    anneal_lr: bool = True
-    """toggle learning rate annealing (linear decay to 0)"""
-    gamma: float = 1.0
-    """the discount factor gamma"""
-    gae_lambda: float = 0.95
-    """the lambda for the general advantage estimation"""
-    norm_adv: bool = True
-    """toggles advantage whitening"""
-    clip_coef: float = 0.2
-    """the surrogate clipping coefficient"""
-    clip_vloss: bool = True
-    """toggles whether or not to use a clipped loss for the value function"""
-    vf_coef: float = 0.1
-    """coefficient of the value function loss"""
-    max_grad_norm: float = 1.0
-    """the maximum norm for the gradient clipping"""
-    kl_coef: float = 0.15
-    """the (initial) coefficient of the per-token KL penalty"""
-    kl_estimator: Literal["k1", "k3"] = "k1"
-    """per-token KL estimator: k1 = log(pi/pi_ref), k3 = (pi_ref/pi - 1) - log(pi_ref/pi)"""
-    kl_target: float | None = 6.0
-    """adaptive KL control: target KL (per response, in nats); None keeps --kl-coef fixed"""
-    kl_horizon: int = 10_000
-    """adaptive KL control: horizon (in episodes) of the proportional controller"""
-    missing_eos_penalty: float | None = -1.0
-    """score given to responses without the stop token, replacing the reward model's (None: off)"""
-    normalize_scores: bool = True
-    """scale and shift the scores so that the initial policy's have mean 0 and std 1"""
-    norm_batches: int = 4
-    """batches sampled from the initial policy to normalize the scores (4 x 64: lm-human-preferences' 256)"""
-    whiten_rewards: bool = False
-    """whiten the per-token rewards (masked, mean kept) before GAE (TRL's; lm-human-preferences: on)"""
+    total_episodes: int = 10_000  # responses sampled during training (lm-human-preferences: 1M)
+    batch_size: int = 64  # responses per iteration, over all torchrun processes (lm-human-preferences: 512)
+    num_minibatches: int = 4  # minibatches per batch and epoch (lm-human-preferences: 1)
+    gradient_accumulation_steps: int = 1  # micro-batches per minibatch, their gradients accumulated
+    local_rollout_forward_batch_size: int = 16  # responses per reference, value and reward pass
+    update_epochs: int = 4  # the K epochs to update the policy and value model per batch
+    learning_rate: float = 1.41e-5  # the learning rate of Adam (TRL's; lm-human-preferences: 1e-5)
+    anneal_lr: bool = True  # anneal the learning rate linearly to 0
+    gamma: float = 1.0  # the discount factor
+    gae_lambda: float = 0.95  # the lambda of generalized advantage estimation
+    norm_adv: bool = True  # whiten the advantages of each batch
+    clip_coef: float = 0.2  # the surrogate clipping coefficient
+    clip_vloss: bool = True  # use a clipped value loss
+    vf_coef: float = 0.1  # coefficient of the value loss
+    max_grad_norm: float = 1.0  # the maximum norm of the global gradient
+    kl_coef: float = 0.15  # the (initial) coefficient of the per-token KL penalty
+    kl_estimator: Literal["k1", "k3"] = "k1"  # the per-token KL estimator (see the docstring)
+    kl_target: float | None = 6.0  # adaptive KL: target KL per response in nats (None: --kl-coef fixed)
+    kl_horizon: int = 10_000  # adaptive KL: the controller's horizon, in episodes
+    missing_eos_penalty: float | None = -1.0  # the score of a response without the stop token (None: off)
+    normalize_scores: bool = True  # scale and shift scores to mean 0, std 1 on the initial policy
+    norm_batches: int = 4  # initial-policy batches that set the score normalization
+    whiten_rewards: bool = False  # whiten the per-token rewards (masked, mean kept) before GAE (TRL's)
 
     # computed in check_args
-    world_size: int = 0
-    """the number of processes: 1, or torchrun's --nproc_per_node x nodes (computed in runtime)"""
-    rank: int = 0
-    """this process's index among them (computed in runtime)"""
-    local_batch_size: int = 0
-    """the episodes this process samples per iteration: batch_size / world_size (computed in runtime)"""
-    minibatch_size: int = 0
-    """this process's share of a minibatch (computed in runtime)"""
-    micro_batch_size: int = 0
-    """the micro-batch size (computed in runtime)"""
-    num_iterations: int = 0
-    """the number of iterations (computed in runtime)"""
+    world_size: int = 0  # computed: the number of processes (1, or torchrun's)
+    rank: int = 0  # computed: this process's index among them
+    local_batch_size: int = 0  # computed: the responses this process samples per iteration
+    minibatch_size: int = 0  # computed: this process's share of a minibatch
+    micro_batch_size: int = 0  # computed: the micro-batch size
+    num_iterations: int = 0  # computed: total_episodes // batch_size
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -478,7 +424,8 @@ def main(args: Args) -> dict:
     # torchrun: the update's passes go through DDP, whose backward averages the gradients over the processes
     train_policy, train_value_model = policy, value_model
     if args.world_size > 1:
-        train_policy, train_value_model = (nn.parallel.DistributedDataParallel(m) for m in (policy, value_model))
+        train_policy, train_value_model = (nn.parallel.DistributedDataParallel(m)
+                                           for m in (policy, value_model))
 
     def sample(model, queries):
         return sample_and_score(model, queries, tokenizer, stop_token_id, reward_fn, args)

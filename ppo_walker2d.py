@@ -78,81 +78,46 @@ class Args:
     """Defaults that differ from CleanRL's, and why: docs/results/ppo_walker2d.md#why-these-defaults"""
 
     # experiment
-    exp_name: str = os.path.basename(__file__)[: -len(".py")]
-    """the name of this experiment (part of the run directory name)"""
-    seed: int = 1
-    """seed of the experiment (python, numpy, torch and the environments)"""
-    torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True`"""
-    cuda: bool = True
-    """if toggled and a GPU is available, train on it"""
-    num_threads: int = 1
-    """torch CPU threads; 1 is fastest for a small MLP and robust to a busy machine"""
-    runs_dir: str = "runs"
-    """TensorBoard logs and saved agents go to <runs_dir>/<run_name>/"""
-    save_model: bool = False
-    """save the trained agent and its normalization statistics to <runs_dir>/<run_name>/agent.pt"""
-    eval_episodes: int = 10
-    """episodes to evaluate after training, with the mean action unless --eval-sample (0: none)"""
-    eval_sample: bool = False
-    """evaluate with actions sampled from the policy, as in training, instead of the mean action"""
-    eval_checkpoint: str | None = None
-    """path to a saved agent.pt: evaluate it for --eval-episodes episodes and exit, no training"""
-    capture_video: bool = False
-    """record the evaluation episodes to <run_dir>/videos (with --eval-checkpoint: to a new folder beside
-    the checkpoint); needs moviepy and EGL or OSMesa"""
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]  # part of the run directory name
+    seed: int = 1  # seed of python, numpy, torch and the environments
+    torch_deterministic: bool = True  # if toggled, `torch.backends.cudnn.deterministic=True`
+    cuda: bool = True  # if toggled and a GPU is available, train on it
+    num_threads: int = 1  # torch CPU threads; 1 is fastest for a small MLP, busy machine or not
+    runs_dir: str = "runs"  # TensorBoard logs and saved agents go to <runs_dir>/<run_name>/
+    save_model: bool = False  # save the agent and its normalization statistics to <run dir>/agent.pt
+    eval_episodes: int = 10  # episodes evaluated after training, mean action unless --eval-sample (0: none)
+    eval_sample: bool = False  # evaluate with actions sampled as in training, not the mean action
+    eval_checkpoint: str | None = None  # a saved agent.pt: evaluate it for --eval-episodes and exit
+    capture_video: bool = False  # record the evaluation episodes to videos/ (needs moviepy, EGL or OSMesa)
 
     # environment
-    env_id: str = "Walker2d-v5"
-    """the id of the environment (its action space must be a Box)"""
-    total_timesteps: int = 1_000_000
-    """total environment steps of the experiment (summed over all envs)"""
-    num_envs: int = 8
-    """the number of parallel environments (CleanRL: 1; 8 episodes in flight decorrelate the batch)"""
-    num_steps: int = 256
-    """the steps run in each environment per rollout (CleanRL: 2048; 8 x 256 is the same batch size)"""
-    obs_clip: float = 10.0
-    """normalized observations are clipped to [-obs_clip, obs_clip]"""
-    reward_clip: float = 10.0
-    """scaled rewards are clipped to [-reward_clip, reward_clip]"""
+    env_id: str = "Walker2d-v5"  # the id of the environment (its action space must be a Box)
+    total_timesteps: int = 1_000_000  # total environment steps, summed over all envs
+    num_envs: int = 8  # parallel environments (CleanRL: 1; 8 episodes in flight decorrelate the batch)
+    num_steps: int = 256  # steps per env per rollout (CleanRL: 2048; 8 x 256 is the same batch size)
+    obs_clip: float = 10.0  # normalized observations are clipped to [-obs_clip, obs_clip]
+    reward_clip: float = 10.0  # scaled rewards are clipped to [-reward_clip, reward_clip]
 
     # algorithm
-    learning_rate: float = 6e-4
-    """the learning rate (CleanRL: 3e-4; restores the per-update step that fewer minibatches lose)"""
-    anneal_lr: bool = True
-    """anneal the learning rate linearly to 0"""
-    gamma: float = 0.995
-    """the discount factor (CleanRL: 0.99; a longer horizon makes falls cost more; Hopper: 0.99)"""
-    gae_lambda: float = 0.95
-    """the lambda of generalized advantage estimation"""
-    num_minibatches: int = 8
-    """minibatches per batch (CleanRL: 32; larger minibatches cost the same per step on a CPU)"""
-    update_epochs: int = 10
-    """the number of passes over each batch"""
-    norm_adv: bool = True
-    """normalize the advantages of each minibatch"""
-    clip_coef: float = 0.2
-    """the surrogate clipping coefficient"""
-    clip_vloss: bool = False
-    """use a clipped value loss (CleanRL: on; no help, and it slows the critic when value scales change)"""
-    ent_coef: float = 0.0
-    """coefficient of the entropy bonus"""
-    vf_coef: float = 0.25
-    """coefficient of the value loss (CleanRL: 0.5; Tianshou's MuJoCo PPO uses 0.25)"""
-    max_grad_norm: float = 0.5
-    """the maximum norm of the global gradient"""
-    target_kl: float | None = None
-    """stop the epochs of an update early once approx_kl exceeds this (None: never)"""
-    init_log_std: float = -0.5
-    """initial log std of the policy (CleanRL: 0; less flailing early on, the walker stays up sooner)"""
+    learning_rate: float = 6e-4  # (CleanRL: 3e-4) restores the per-update step fewer minibatches lose
+    anneal_lr: bool = True  # anneal the learning rate linearly to 0
+    gamma: float = 0.995  # discount (CleanRL: 0.99; a longer horizon makes falls cost more; Hopper: 0.99)
+    gae_lambda: float = 0.95  # the lambda of generalized advantage estimation
+    num_minibatches: int = 8  # per batch (CleanRL: 32; larger ones cost the same per step on a CPU)
+    update_epochs: int = 10  # the number of passes over each batch
+    norm_adv: bool = True  # normalize the advantages of each minibatch
+    clip_coef: float = 0.2  # the surrogate clipping coefficient
+    clip_vloss: bool = False  # clipped value loss (CleanRL: on; no help, it slows the critic)
+    ent_coef: float = 0.0  # coefficient of the entropy bonus
+    vf_coef: float = 0.25  # coefficient of the value loss (CleanRL: 0.5; Tianshou's MuJoCo PPO: 0.25)
+    max_grad_norm: float = 0.5  # the maximum norm of the global gradient
+    target_kl: float | None = None  # stop an update's epochs once approx_kl exceeds this (None: never)
+    init_log_std: float = -0.5  # initial log std (CleanRL: 0; less flailing, the walker stays up sooner)
 
     # computed in check_args
-    batch_size: int = 0
-    """the batch size (computed: num_envs * num_steps)"""
-    minibatch_size: int = 0
-    """the minibatch size (computed: batch_size // num_minibatches)"""
-    num_iterations: int = 0
-    """the number of rollout/update iterations (computed: total_timesteps // batch_size)"""
+    batch_size: int = 0  # computed: num_envs * num_steps
+    minibatch_size: int = 0  # computed: batch_size // num_minibatches
+    num_iterations: int = 0  # computed: total_timesteps // batch_size
 
 
 class DropInfo(gym.Wrapper):

@@ -74,54 +74,33 @@ from torch.utils.tensorboard import SummaryWriter
 @dataclass
 class Args:
     # experiment
-    exp_name: str = os.path.basename(__file__)[: -len(".py")]
-    """the name of this experiment (part of the run directory name)"""
-    seed: int = 1
-    """seed of the experiment (python, numpy, torch and the environments)"""
-    torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True`"""
-    cuda: bool = True
-    """if toggled and a GPU is available, train on it"""
-    num_threads: int = 1
-    """torch CPU threads; 1 is fastest for a small MLP and robust to a busy machine"""
-    runs_dir: str = "runs"
-    """TensorBoard logs and saved agents go to <runs_dir>/<run_name>/"""
-    save_model: bool = False
-    """save the trained agent to <runs_dir>/<run_name>/agent.pt"""
-    eval_episodes: int = 10
-    """episodes of the greedy policy to evaluate after training (0: no evaluation)"""
-    eval_checkpoint: str | None = None
-    """path to an agent.pt saved by --save-model: evaluate it for --eval-episodes episodes, no training"""
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]  # part of the run directory name
+    seed: int = 1  # seed of python, numpy, torch and the environments
+    torch_deterministic: bool = True  # if toggled, `torch.backends.cudnn.deterministic=True`
+    cuda: bool = True  # if toggled and a GPU is available, train on it
+    num_threads: int = 1  # torch CPU threads; 1 is fastest for a small MLP, busy machine or not
+    runs_dir: str = "runs"  # TensorBoard logs and saved agents go to <runs_dir>/<run_name>/
+    save_model: bool = False  # save the trained agent to <runs_dir>/<run_name>/agent.pt
+    eval_episodes: int = 10  # episodes of the greedy policy evaluated after training (0: none)
+    eval_checkpoint: str | None = None  # a saved agent.pt: evaluate it for --eval-episodes and exit
 
     # environment
-    env_id: str = "CartPole-v1"
-    """the id of the environment (its action space must be Discrete)"""
-    total_timesteps: int = 500_000
-    """total env steps, summed over all envs (the last batch may go past it); the budget of a2c.py"""
-    num_envs: int = 16
-    """the number of parallel environments"""
-    num_episodes: int = 16
-    """the number of complete episodes in a batch (a multiple of --num-envs)"""
+    env_id: str = "CartPole-v1"  # the id of the environment (its action space must be Discrete)
+    total_timesteps: int = 500_000  # total env steps over all envs, as a2c.py's (the last batch may pass it)
+    num_envs: int = 16  # the number of parallel environments
+    num_episodes: int = 16  # complete episodes per batch (a multiple of --num-envs)
 
     # algorithm
-    learning_rate: float = 2e-3
-    """the learning rate of RMSProp (docs/results/reinforce.md#why-these-defaults)"""
-    anneal_lr: bool = True
-    """anneal the learning rate linearly to 0"""
-    gamma: float = 0.99
-    """the discount factor gamma"""
-    baseline: bool = True
-    """subtract a learned state-value baseline from the returns"""
-    norm_adv: bool = True
-    """normalize the advantages (the returns without --baseline) of each batch"""
-    ent_coef: float = 0.0
-    """coefficient of the entropy bonus"""
-    vf_coef: float = 0.5
-    """coefficient of the value loss (with --baseline)"""
+    learning_rate: float = 2e-3  # of RMSProp (why: docs/results/reinforce.md#why-these-defaults)
+    anneal_lr: bool = True  # anneal the learning rate linearly to 0
+    gamma: float = 0.99  # the discount factor
+    baseline: bool = True  # subtract a learned state-value baseline from the returns
+    norm_adv: bool = True  # normalize the advantages (the returns without --baseline) of each batch
+    ent_coef: float = 0.0  # coefficient of the entropy bonus
+    vf_coef: float = 0.5  # coefficient of the value loss (with --baseline)
 
     # computed in check_args
-    episodes_per_env: int = 0
-    """the number of episodes each env plays per batch (computed: num_episodes // num_envs)"""
+    episodes_per_env: int = 0  # computed: num_episodes // num_envs
 
 
 def check_args(args: Args) -> None:
