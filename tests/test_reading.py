@@ -5,6 +5,7 @@ import ast
 import dataclasses
 import importlib
 import os
+import re
 
 import pytest
 from tyro._docstrings import get_field_docstring
@@ -47,3 +48,21 @@ def test_help_check_sees_a_field_without_a_comment():
 
     assert get_field_docstring(Args, "seed", ()) == "seed of the experiment"
     assert not get_field_docstring(Args, "gamma", ())
+
+
+def readme_line_counts(readme):
+    """{script: lines} from the README's table of files (`| [`x.py`](x.py) | what it is | lines |`)."""
+    rows = re.findall(r"^\| \[`(\w+)\.py`\]\(\w+\.py\) \|.*\| (\d+) \|$", readme, flags=re.M)
+    return {script: int(lines) for script, lines in rows}
+
+
+def test_readme_states_each_script_s_length():
+    with open(os.path.join(ROOT, "README.md")) as f:
+        stated = readme_line_counts(f.read())
+    actual = {script: len(source(script).splitlines()) for script in SCRIPTS}
+    assert stated == actual, "update the line counts in README.md's table of files"
+
+
+def test_readme_line_count_parser_reads_the_table_row():
+    row = "| [`a2c.py`](a2c.py) | synchronous advantage actor-critic, on CartPole-v1 | 429 |\n| other | 3 |"
+    assert readme_line_counts(row) == {"a2c": 429}
