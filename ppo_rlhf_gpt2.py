@@ -114,6 +114,7 @@ class Args:
     local_rollout_forward_batch_size: int = 16  # responses per reference, value and reward pass
     update_epochs: int = 4  # the K epochs to update the policy and value model per batch
     learning_rate: float = 1.41e-5  # the learning rate of Adam (TRL's; lm-human-preferences: 1e-5)
+    vf_learning_rate: float | None = None  # the value model's learning rate (None: --learning-rate)
     anneal_lr: bool = True  # anneal the learning rate linearly to 0
     gamma: float = 1.0  # the discount factor
     gae_lambda: float = 0.95  # the lambda of generalized advantage estimation
@@ -417,10 +418,14 @@ def main(args: Args) -> dict:
     ref_policy = copy.deepcopy(policy).requires_grad_(False)  # the frozen reference: the initial policy
     value_model = load_value_model(args.value_model, policy, device)  # detail 13
     reward_fn = load_reward_fn(args, device)
-    # details 3 and 10: one Adam (eps 1e-5) over both trained models, as one loss trains them both;
-    # fused: one in-place kernel per tensor, faster and without full-size temporaries
-    trained_parameters = list(policy.parameters()) + list(value_model.parameters())
-    optimizer = torch.optim.Adam(trained_parameters, lr=args.learning_rate, eps=1e-5, fused=True)
+    # details 3 and 10: one Adam (eps 1e-5) over both trained models, as one loss trains them both, with a
+    # learning rate for each (the same by default); fused: one in-place kernel per tensor, faster and
+    # without full-size temporaries
+    policy_parameters, value_parameters = list(policy.parameters()), list(value_model.parameters())
+    trained_parameters = policy_parameters + value_parameters
+    vf_learning_rate = args.learning_rate if args.vf_learning_rate is None else args.vf_learning_rate
+    optimizer = torch.optim.Adam([{"params": policy_parameters, "lr": args.learning_rate},
+                                  {"params": value_parameters, "lr": vf_learning_rate}], eps=1e-5, fused=True)
     # torchrun: the update's passes go through DDP, whose backward averages the gradients over the processes
     train_policy, train_value_model = policy, value_model
     if args.world_size > 1:
@@ -452,8 +457,9 @@ def main(args: Args) -> dict:
     try:
         for iteration in range(1, args.num_iterations + 1):
             if args.anneal_lr:  # detail 4
-                lrnow = (1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate
-                optimizer.param_groups[0]["lr"] = lrnow
+                frac = 1.0 - (iteration - 1.0) / args.num_iterations
+                optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+                optimizer.param_groups[1]["lr"] = frac * vf_learning_rate
 
             # 2. rollout: the responses and their scores, the reference's log-probs and the values
             iteration_start = time.time()
@@ -650,6 +656,7 @@ def check_args(args: Args) -> None:
              "log_samples_every", "num_threads"), lambda v: v >= 1, "at least 1")
     require(("eval_episodes", "kl_coef"), lambda v: v >= 0, "at least 0")
     require(("temperature", "learning_rate", "clip_coef"), lambda v: v > 0, "positive")
+    require(("vf_learning_rate",), lambda v: v is None or v > 0, "positive or None")
     require(("gamma",), lambda v: 0 < v <= 1, "in (0, 1]")
     require(("gae_lambda",), lambda v: 0 < v <= 1, "in (0, 1]")
     require(("kl_estimator",), lambda v: v in ("k1", "k3"), "k1 or k3")

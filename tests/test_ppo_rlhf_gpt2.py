@@ -105,6 +105,7 @@ def read_scalars(run_dir) -> dict:
     (dict(min_response_length=8), "--min-response-length"),
     (dict(learning_rate=0.0), "--learning-rate"),
     (dict(learning_rate=-1e-5), "--learning-rate"),
+    (dict(vf_learning_rate=0.0), "--vf-learning-rate"),
     (dict(gamma=1.5), "--gamma"),
     (dict(gamma=0.0), "--gamma"),
     (dict(gae_lambda=0.0), "--gae-lambda"),
@@ -684,10 +685,10 @@ def test_one_loss_one_optimizer_trains_both_models(tiny, tmp_path, monkeypatch):
     optimizers, value_models = [], []
     real_adam, real_load_value_model = torch.optim.Adam, rlhf.load_value_model
 
-    def adam(params, **kw):
-        params = list(params)
-        optimizers.append(params)
-        return real_adam(params, **kw)
+    def adam(param_groups, **kw):
+        param_groups = list(param_groups)
+        optimizers.append([p for group in param_groups for p in group["params"]])
+        return real_adam(param_groups, **kw)
 
     def load_value_model(*a):
         value_models.append(real_load_value_model(*a))
@@ -704,6 +705,32 @@ def test_one_loss_one_optimizer_trains_both_models(tiny, tmp_path, monkeypatch):
         [p for p in optimizers[0] if all(p is not q for q in value_model.parameters())])
     assert (value_model.head.weight != 0).any()  # trained by vf_coef * v_loss
     assert (value_models[1].head.weight == 0).all()  # vf_coef 0: no gradient reaches the value model
+
+
+@pytest.mark.parametrize("vf_learning_rate", [None, 4e-3])
+def test_vf_learning_rate_is_the_value_model_s_annealed_like_the_policy_s(tiny, tmp_path, vf_learning_rate):
+    """The policy's parameters and the value model's are two Adam groups: the first at --learning-rate, the
+    second at --vf-learning-rate (default: --learning-rate), both annealed by the same factor."""
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    steps = []
+
+    def record(optimizer, args, kwargs):
+        steps.append([(group["lr"], sum(p.numel() for p in group["params"])) for group in optimizer.param_groups])
+
+    handle = register_optimizer_step_pre_hook(record)  # called before every Adam step
+    try:
+        rlhf.main(tiny_args(tiny, tmp_path, learning_rate=1e-3, vf_learning_rate=vf_learning_rate,
+                            update_epochs=1))
+    finally:
+        handle.remove()
+    policy = rlhf.load_policy(tiny["policy"], torch.device("cpu"))
+    n_policy = sum(p.numel() for p in policy.parameters())
+    n_value = sum(p.numel() for p in policy.base_model.parameters()) + policy.config.hidden_size + 1
+    vf_lr = 1e-3 if vf_learning_rate is None else vf_learning_rate
+    # 2 iterations of 2 minibatches; the second iteration's learning rates are half the first's
+    expected = [[(1e-3, n_policy), (vf_lr, n_value)]] * 2 + [[(5e-4, n_policy), (vf_lr / 2, n_value)]] * 2
+    assert [[(pytest.approx(lr), n) for lr, n in step] for step in steps] == expected
 
 
 def test_adaptive_kl_moves_the_coefficient_toward_the_target(tiny, tmp_path):
