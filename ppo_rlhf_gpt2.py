@@ -657,8 +657,7 @@ def check_args(args: Args) -> None:
     require(("eval_episodes", "kl_coef"), lambda v: v >= 0, "at least 0")
     require(("temperature", "learning_rate", "clip_coef"), lambda v: v > 0, "positive")
     require(("vf_learning_rate",), lambda v: v is None or v > 0, "positive or None")
-    require(("gamma",), lambda v: 0 < v <= 1, "in (0, 1]")
-    require(("gae_lambda",), lambda v: 0 < v <= 1, "in (0, 1]")
+    require(("gamma", "gae_lambda"), lambda v: 0 < v <= 1, "in (0, 1]")
     require(("kl_estimator",), lambda v: v in ("k1", "k3"), "k1 or k3")
     if not 0 <= args.min_response_length < args.response_length:
         raise SystemExit(f"error: --min-response-length {args.min_response_length} must be at least 0 and "

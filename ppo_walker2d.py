@@ -99,7 +99,7 @@ class Args:
     reward_clip: float = 10.0  # scaled rewards are clipped to [-reward_clip, reward_clip]
 
     # algorithm
-    learning_rate: float = 6e-4  # (CleanRL: 3e-4) restores the per-update step fewer minibatches lose
+    learning_rate: float = 6e-4  # the learning rate (CleanRL: 3e-4; restores the step fewer minibatches lose)
     anneal_lr: bool = True  # anneal the learning rate linearly to 0
     gamma: float = 0.995  # discount (CleanRL: 0.99; a longer horizon makes falls cost more; Hopper: 0.99)
     gae_lambda: float = 0.95  # the lambda of generalized advantage estimation

@@ -716,7 +716,8 @@ def test_vf_learning_rate_is_the_value_model_s_annealed_like_the_policy_s(tiny, 
     steps = []
 
     def record(optimizer, args, kwargs):
-        steps.append([(group["lr"], sum(p.numel() for p in group["params"])) for group in optimizer.param_groups])
+        steps.append([(group["lr"], sum(p.numel() for p in group["params"]))
+                      for group in optimizer.param_groups])
 
     handle = register_optimizer_step_pre_hook(record)  # called before every Adam step
     try:
