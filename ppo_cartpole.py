@@ -236,10 +236,8 @@ def main(args: Args) -> dict:
     run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
     run_dir = os.path.join(args.runs_dir, run_name)
     writer = SummaryWriter(run_dir)
-    writer.add_text(
-        "hyperparameters",
-        "|param|value|\n|-|-|\n" + "\n".join(f"|{key}|{value}|" for key, value in vars(args).items()),
-    )
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n"
+                    + "\n".join(f"|{key}|{value}|" for key, value in vars(args).items()))
 
     envs = make_vector_env(args.env_id, args.num_envs)
     obs_dim = envs.single_observation_space.shape[0]
@@ -248,8 +246,7 @@ def main(args: Args) -> dict:
     # detail 3; fused: one kernel for all parameters instead of a dozen small ops each
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
 
-    # rollout storage in numpy: per-step writes cost less than into torch tensors, and the batch
-    # moves to torch (and the device) once per rollout
+    # rollout storage in numpy (cheaper per-step writes than torch); the batch moves to torch once per rollout
     obs = np.zeros((args.num_steps, args.num_envs, obs_dim), dtype=np.float32)
     actions = np.zeros((args.num_steps, args.num_envs), dtype=np.int64)
     logprobs = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
@@ -301,8 +298,7 @@ def main(args: Args) -> dict:
 
             # 3. advantages
             update_start = time.perf_counter()
-            # the critic does not change during the rollout, so the values of all its states (and of the
-            # states after it) come from one batched forward pass instead of one per step
+            # the critic is fixed during the rollout: one batched pass gives the values of all its states
             cut = (dones == 1) & (terminations == 0)
             with torch.inference_mode():
                 states = np.concatenate([obs.reshape(-1, obs_dim), next_obs, final_obs[cut]])

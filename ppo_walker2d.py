@@ -120,18 +120,9 @@ class Args:
     num_iterations: int = 0  # computed: total_timesteps // batch_size
 
 
-class DropInfo(gym.Wrapper):
-    """Drops the per-step info dict (reward terms, positions), unused here: merging it into arrays
-    costs the vector env a noticeable share of the physics' time."""
-
-    def step(self, action):
-        obs, reward, terminated, truncated, _ = self.env.step(action)
-        return obs, reward, terminated, truncated, {}
-
-
 def make_env(env_id: str):
     def thunk():
-        # the env checker only inspects the first steps; skipping its wrapper saves a call per step
+        # speed: no env checker wrapper (it only inspects the first steps), no info dict (DropInfo, below)
         return DropInfo(gym.make(env_id, disable_env_checker=True))
 
     return thunk
@@ -173,13 +164,6 @@ class RunningMeanStd:
         m2 = self.var * self.count + batch_var * batch_count + delta**2 * self.count * batch_count / total
         self.var = m2 / total
         self.count = total
-
-    def state_dict(self) -> dict:
-        # tensors, so that torch.load(weights_only=True) can read the checkpoint back
-        return {"mean": torch.tensor(self.mean), "var": torch.tensor(self.var), "count": self.count}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.mean, self.var, self.count = state["mean"].numpy(), state["var"].numpy(), float(state["count"])
 
 
 def normalize_obs(obs: np.ndarray, obs_rms: RunningMeanStd, clip: float) -> np.ndarray:
@@ -317,10 +301,8 @@ def main(args: Args) -> dict:
     run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
     run_dir = os.path.join(args.runs_dir, run_name)
     writer = SummaryWriter(run_dir)
-    writer.add_text(
-        "hyperparameters",
-        "|param|value|\n|-|-|\n" + "\n".join(f"|{key}|{value}|" for key, value in vars(args).items()),
-    )
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n"
+                    + "\n".join(f"|{key}|{value}|" for key, value in vars(args).items()))
 
     video_dir = video_dir_or_none(args.capture_video, args.env_id, os.path.join(run_dir, "videos"))
     envs = make_vector_env(args.env_id, args.num_envs)
@@ -333,8 +315,7 @@ def main(args: Args) -> dict:
     obs_rms = RunningMeanStd(obs_dim)  # detail G4: one set of statistics for all envs
     reward_scaler = RewardScaler(args.num_envs, args.gamma, args.reward_clip)
 
-    # rollout storage in numpy: per-step writes cost less than into torch tensors, and the batch
-    # moves to torch (and the device) once per rollout
+    # rollout storage in numpy (cheaper per-step writes than torch); the batch moves to torch once per rollout
     obs = np.zeros((args.num_steps, args.num_envs, obs_dim), dtype=np.float32)
     actions = np.zeros((args.num_steps, args.num_envs, act_dim), dtype=np.float32)
     logprobs = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
@@ -393,8 +374,7 @@ def main(args: Args) -> dict:
 
             # 3. advantages
             update_start = time.perf_counter()
-            # the critic does not change during the rollout, so the values of all its states (and of the
-            # states after it) come from one batched forward pass instead of one per step
+            # the critic is fixed during the rollout: one batched pass gives the values of all its states
             cut = (dones == 1) & (terminations == 0)
             with torch.inference_mode():
                 states = np.concatenate([obs.reshape(-1, obs_dim), next_obs, final_obs[cut]])
@@ -503,7 +483,7 @@ def main(args: Args) -> dict:
             "rollout_time": rollout_time, "update_time": update_time}
 
 
-# Plumbing below: argument checks, evaluation, checkpoints and videos. Not needed to follow the algorithm.
+# Plumbing below: argument checks, evaluation, checkpoints, videos, DropInfo. Skippable on a first reading.
 
 def check_args(args: Args) -> None:
     """Fill in the derived sizes and reject bad input with a one-line message, before any work."""
@@ -578,12 +558,17 @@ def evaluate(agent, obs_rms, obs_clip, env_id, episodes, seed, device, video_dir
     return episodic_returns
 
 
+def rms_state(rms: RunningMeanStd) -> dict:
+    # tensors, so that torch.load(weights_only=True) can read the checkpoint back
+    return {"mean": torch.tensor(rms.mean), "var": torch.tensor(rms.var), "count": rms.count}
+
+
 def save_agent(agent, obs_rms, reward_scaler, args, obs_dim, act_dim, run_dir):
     path = os.path.join(run_dir, "agent.pt")
     checkpoint = {
         "model": agent.state_dict(),
-        "obs_rms": obs_rms.state_dict(),  # detail G4: without these the saved agent sees other inputs
-        "return_rms": reward_scaler.return_rms.state_dict(),
+        "obs_rms": rms_state(obs_rms),  # detail G4: without these the saved agent sees other inputs
+        "return_rms": rms_state(reward_scaler.return_rms),
         "obs_dim": obs_dim,
         "act_dim": act_dim,
         "env_id": args.env_id,
@@ -605,8 +590,9 @@ def load_agent(path, device):
     try:  # e.g. ppo_cartpole.py's agent.pt holds a Categorical policy: n_actions, no act_dim or statistics
         agent = Agent(checkpoint["obs_dim"], checkpoint["act_dim"])
         agent.load_state_dict(checkpoint["model"])  # raises on missing, unexpected or mis-shaped weights
-        obs_rms = RunningMeanStd(checkpoint["obs_dim"])
-        obs_rms.load_state_dict(checkpoint["obs_rms"])
+        obs_rms, saved_rms = RunningMeanStd(checkpoint["obs_dim"]), checkpoint["obs_rms"]
+        obs_rms.mean, obs_rms.var = saved_rms["mean"].numpy(), saved_rms["var"].numpy()
+        obs_rms.count = float(saved_rms["count"])
         gym.spec(checkpoint["env_id"]), float(checkpoint["obs_clip"])
     except Exception as e:
         what = f"no {e}" if isinstance(e, KeyError) else e.__class__.__name__
@@ -656,6 +642,15 @@ def video_dir_or_none(capture_video: bool, env_id: str, video_dir: str) -> str |
         print(f"--capture-video: recording no video: {problem}")
         return None
     return video_dir
+
+
+class DropInfo(gym.Wrapper):
+    """Drops the per-step info dict (reward terms, positions), unused here: merging it into arrays
+    costs the vector env a noticeable share of the physics' time."""
+
+    def step(self, action):
+        obs, reward, terminated, truncated, _ = self.env.step(action)
+        return obs, reward, terminated, truncated, {}
 
 
 if __name__ == "__main__":
