@@ -101,41 +101,6 @@ class Args:
     num_iterations: int = 0  # computed: total_timesteps / batch_size, rounded up
 
 
-def check_args(args: Args) -> None:
-    """Fill in the derived sizes and reject bad input with a one-line message, before any training."""
-
-    def fail(msg):
-        raise SystemExit(f"error: {msg}")
-
-    for flag in ("total_timesteps", "num_envs", "num_steps", "num_threads", "learning_rate"):
-        if not getattr(args, flag) > 0:
-            fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
-    if not 0.0 < args.gamma <= 1.0:
-        fail(f"--gamma must be in (0, 1], got {args.gamma}")
-    if not 0.0 < args.gae_lambda <= 1.0:
-        fail(f"--gae-lambda must be in (0, 1], got {args.gae_lambda}")
-    if args.eval_episodes < 0:
-        fail(f"--eval-episodes must be >= 0, got {args.eval_episodes}")
-    if args.eval_checkpoint is not None and not os.path.isfile(args.eval_checkpoint):
-        fail(f"--eval-checkpoint {args.eval_checkpoint} is not a file; pass the path of a saved agent.pt")
-    try:
-        env = gym.make(args.env_id)
-    except gym.error.Error as e:
-        fail(f"--env-id {args.env_id} cannot be made ({e.__class__.__name__}); "
-             "pass a registered gymnasium id")
-    action_space, observation_space = env.action_space, env.observation_space
-    env.close()
-    if not isinstance(action_space, gym.spaces.Discrete):
-        fail(f"--env-id {args.env_id} has a {type(action_space).__name__} action space; this script needs "
-             "a Discrete one (use ppo_walker2d.py for continuous actions)")
-    if not isinstance(observation_space, gym.spaces.Box) or len(observation_space.shape) != 1:
-        fail(f"--env-id {args.env_id} has {observation_space} observations; "
-             "this script's MLP needs flat (1-d) Box observations")
-    args.batch_size = args.num_envs * args.num_steps
-    # round up, so that a run takes at least --total-timesteps steps
-    args.num_iterations = -(-args.total_timesteps // args.batch_size)
-
-
 def make_env(env_id: str):
     def thunk():
         return gym.make(env_id)
@@ -231,50 +196,6 @@ def policy_loss(newlogprob, advantages):
 def value_loss(newvalue, returns):
     """Squared-error value loss of the critic."""
     return 0.5 * ((newvalue - returns) ** 2).mean()
-
-
-def evaluate(agent, env_id, episodes, seed, device):
-    """Returns of `episodes` episodes of the greedy (argmax) policy on fresh, separately seeded envs."""
-    env = gym.make(env_id)
-    episodic_returns = []
-    for episode in range(episodes):
-        obs, _ = env.reset(seed=seed + episode)
-        done, total = False, 0.0
-        while not done:
-            with torch.inference_mode():
-                action = agent.greedy_action(torch.as_tensor(obs, dtype=torch.float32, device=device))
-            obs, reward, terminated, truncated, _ = env.step(action.item())
-            total += float(reward)
-            done = terminated or truncated
-        episodic_returns.append(total)
-    env.close()
-    return episodic_returns
-
-
-def load_agent(path, device):
-    """The agent and checkpoint that save_agent wrote to `path`; a one-line error for any other file."""
-    try:
-        checkpoint = torch.load(path, map_location=device, weights_only=True)
-    except Exception as e:  # truncated, corrupt, or not written by torch.save
-        raise SystemExit(f"error: --eval-checkpoint {path} cannot be read ({e.__class__.__name__}); "
-                         "the file is truncated or corrupt: pass an agent.pt saved by --save-model")
-    try:  # e.g. ppo_walker2d.py's agent.pt holds a Gaussian policy and act_dim, not n_actions
-        agent = Agent(checkpoint["obs_dim"], checkpoint["n_actions"]).to(device)
-        agent.load_state_dict(checkpoint["model"])  # raises on missing, unexpected or mis-shaped weights
-        gym.spec(checkpoint["env_id"])
-    except Exception as e:
-        script = os.path.basename(__file__)
-        raise SystemExit(f"error: --eval-checkpoint {path} is not an agent.pt of {script} "
-                         f"({e.__class__.__name__}); pass one saved by {script} --save-model")
-    return agent, checkpoint
-
-
-def save_agent(agent, args, obs_dim, n_actions, run_dir):
-    path = os.path.join(run_dir, "agent.pt")
-    checkpoint = {"model": agent.state_dict(), "obs_dim": obs_dim, "n_actions": n_actions,
-                  "env_id": args.env_id}
-    torch.save(checkpoint, path)
-    print(f"agent saved to {path}")
 
 
 def main(args: Args) -> dict:
@@ -423,6 +344,90 @@ def main(args: Args) -> dict:
     finally:
         writer.close()
     return {"run_dir": run_dir, "episodic_returns": episodic_returns, "eval_returns": eval_returns}
+
+
+# Plumbing below: argument checks, evaluation and checkpoints. Not needed to follow the algorithm.
+
+def check_args(args: Args) -> None:
+    """Fill in the derived sizes and reject bad input with a one-line message, before any training."""
+
+    def fail(msg):
+        raise SystemExit(f"error: {msg}")
+
+    for flag in ("total_timesteps", "num_envs", "num_steps", "num_threads", "learning_rate"):
+        if not getattr(args, flag) > 0:
+            fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
+    if not 0.0 < args.gamma <= 1.0:
+        fail(f"--gamma must be in (0, 1], got {args.gamma}")
+    if not 0.0 < args.gae_lambda <= 1.0:
+        fail(f"--gae-lambda must be in (0, 1], got {args.gae_lambda}")
+    if args.eval_episodes < 0:
+        fail(f"--eval-episodes must be >= 0, got {args.eval_episodes}")
+    if args.eval_checkpoint is not None and not os.path.isfile(args.eval_checkpoint):
+        fail(f"--eval-checkpoint {args.eval_checkpoint} is not a file; pass the path of a saved agent.pt")
+    try:
+        env = gym.make(args.env_id)
+    except gym.error.Error as e:
+        fail(f"--env-id {args.env_id} cannot be made ({e.__class__.__name__}); "
+             "pass a registered gymnasium id")
+    action_space, observation_space = env.action_space, env.observation_space
+    env.close()
+    if not isinstance(action_space, gym.spaces.Discrete):
+        fail(f"--env-id {args.env_id} has a {type(action_space).__name__} action space; this script needs "
+             "a Discrete one (use ppo_walker2d.py for continuous actions)")
+    if not isinstance(observation_space, gym.spaces.Box) or len(observation_space.shape) != 1:
+        fail(f"--env-id {args.env_id} has {observation_space} observations; "
+             "this script's MLP needs flat (1-d) Box observations")
+    args.batch_size = args.num_envs * args.num_steps
+    # round up, so that a run takes at least --total-timesteps steps
+    args.num_iterations = -(-args.total_timesteps // args.batch_size)
+
+
+
+def evaluate(agent, env_id, episodes, seed, device):
+    """Returns of `episodes` episodes of the greedy (argmax) policy on fresh, separately seeded envs."""
+    env = gym.make(env_id)
+    episodic_returns = []
+    for episode in range(episodes):
+        obs, _ = env.reset(seed=seed + episode)
+        done, total = False, 0.0
+        while not done:
+            with torch.inference_mode():
+                action = agent.greedy_action(torch.as_tensor(obs, dtype=torch.float32, device=device))
+            obs, reward, terminated, truncated, _ = env.step(action.item())
+            total += float(reward)
+            done = terminated or truncated
+        episodic_returns.append(total)
+    env.close()
+    return episodic_returns
+
+
+
+def save_agent(agent, args, obs_dim, n_actions, run_dir):
+    path = os.path.join(run_dir, "agent.pt")
+    checkpoint = {"model": agent.state_dict(), "obs_dim": obs_dim, "n_actions": n_actions,
+                  "env_id": args.env_id}
+    torch.save(checkpoint, path)
+    print(f"agent saved to {path}")
+
+
+
+def load_agent(path, device):
+    """The agent and checkpoint that save_agent wrote to `path`; a one-line error for any other file."""
+    try:
+        checkpoint = torch.load(path, map_location=device, weights_only=True)
+    except Exception as e:  # truncated, corrupt, or not written by torch.save
+        raise SystemExit(f"error: --eval-checkpoint {path} cannot be read ({e.__class__.__name__}); "
+                         "the file is truncated or corrupt: pass an agent.pt saved by --save-model")
+    try:  # e.g. ppo_walker2d.py's agent.pt holds a Gaussian policy and act_dim, not n_actions
+        agent = Agent(checkpoint["obs_dim"], checkpoint["n_actions"]).to(device)
+        agent.load_state_dict(checkpoint["model"])  # raises on missing, unexpected or mis-shaped weights
+        gym.spec(checkpoint["env_id"])
+    except Exception as e:
+        script = os.path.basename(__file__)
+        raise SystemExit(f"error: --eval-checkpoint {path} is not an agent.pt of {script} "
+                         f"({e.__class__.__name__}); pass one saved by {script} --save-model")
+    return agent, checkpoint
 
 
 if __name__ == "__main__":

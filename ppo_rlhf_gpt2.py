@@ -627,6 +627,10 @@ def evaluate(policy, tokenizer, stop_token_id: int, reward_fn, args: Args, devic
             "stop_share": contain_stop.mean().item(), "raw_scores": raw_scores.tolist(), "samples": samples}
 
 
+# ------------------------------------------------------------------------------------------------------------
+# Plumbing, skippable on a first reading: --eval-checkpoint, argument checks, loading and saving.
+
+
 def evaluate_checkpoint(args: Args, device: torch.device) -> dict:
     """--eval-checkpoint: score a saved policy on the held-out prompts; nothing is trained or written."""
     tokenizer, _, stop_token_id = load_tokenizer(args.eval_checkpoint, args.stop_token, "--eval-checkpoint")
@@ -636,10 +640,6 @@ def evaluate_checkpoint(args: Args, device: torch.device) -> dict:
           f"{result['raw_score_stderr']:.4f} (standard error) over {args.eval_episodes} responses, "
           f"{result['stop_share']:.0%} with the stop token")
     return {"eval": {"final": result}}
-
-
-# ------------------------------------------------------------------------------------------------------------
-# Plumbing, skippable on a first reading: argument checks, loading and saving.
 
 
 def check_args(args: Args) -> None:
