@@ -56,35 +56,34 @@ def readme_line_counts(readme):
     return {script: (int(algorithm), int(plumbing)) for script, algorithm, plumbing in rows}
 
 
-def plumbing_marker(script):
-    """The index of the line that starts the skippable part of the file (`# Plumbing ...`)."""
-    markers = [i for i, line in enumerate(source(script).splitlines()) if line.startswith("# Plumbing")]
+def algorithm_and_plumbing(script):
+    """(lines before the `# Plumbing ...` line that starts the skippable part, lines from it on)."""
+    lines = source(script).splitlines()
+    markers = [i for i, line in enumerate(lines) if line.startswith("# Plumbing")]
     assert len(markers) == 1, f"{script}.py needs exactly one `# Plumbing` line, has {len(markers)}"
-    return markers[0]
+    return markers[0], len(lines) - markers[0]
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_the_algorithm_comes_first_and_the_plumbing_after_main(script):
-    lines = source(script).splitlines()
-    marker = plumbing_marker(script)
+    marker, plumbing = algorithm_and_plumbing(script)
     defined_at = {node.name: node.lineno - 1 for node in ast.parse(source(script)).body
                   if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
     assert defined_at["main"] < marker, f"{script}.py: main() must come before the plumbing"
-    late = [name for name in ("check_args", "save_agent", "load_agent", "load_policy", "evaluate_checkpoint")
-            if name in defined_at and defined_at[name] < marker]
-    assert not late, f"{script}.py: plumbing above the `# Plumbing` line: {late}"
-    assert len(lines) - marker < marker, f"{script}.py: more plumbing than algorithm"
+    early = [name for name in ("check_args", "save_agent", "load_agent", "load_policy", "evaluate_checkpoint")
+             if name in defined_at and defined_at[name] < marker]
+    assert not early, f"{script}.py: plumbing above the `# Plumbing` line: {early}"
+    assert plumbing < marker, f"{script}.py: more plumbing than algorithm"
 
 
 def test_readme_states_each_script_s_length():
     with open(os.path.join(ROOT, "README.md")) as f:
         stated = readme_line_counts(f.read())
-    actual = {script: (plumbing_marker(script), len(source(script).splitlines()) - plumbing_marker(script))
-              for script in SCRIPTS}
+    actual = {script: algorithm_and_plumbing(script) for script in SCRIPTS}
     assert stated == actual, "update the line counts in README.md's table of files"
 
 
 def test_readme_line_count_parser_reads_the_table_row():
-    rows = ("| [`a2c.py`](a2c.py) | synchronous advantage actor-critic, on CartPole-v1 | 348 + 86 |\n| other | 3 |\n"
-            "| [`ppo_cartpole.py`](ppo_cartpole.py) | PPO, on CartPole-v1 | 408 + 106 |")
+    rows = ("| [`a2c.py`](a2c.py) | synchronous advantage actor-critic, on CartPole-v1 | 348 + 86 |\n"
+            "| other | 3 |\n| [`ppo_cartpole.py`](ppo_cartpole.py) | PPO, on CartPole-v1 | 408 + 106 |")
     assert readme_line_counts(rows) == {"a2c": (348, 86), "ppo_cartpole": (408, 106)}
