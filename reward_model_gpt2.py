@@ -1,0 +1,615 @@
+"""A reward model trained from pairwise preferences (Bradley-Terry): the first step of RLHF, every detail.
+
+Each comparison is a prompt and two responses to it, `chosen` and `rejected`. The reward model reads the text
+prompt + response (the string ppo_rlhf_gpt2.py's reward function receives) and outputs one number, the
+score, read at the last real token. It starts from the policy's weights with a new scalar head, and learns
+to score the chosen response above the rejected one. Without human labelers, `--gold` makes the comparisons:
+two responses per prompt sampled from the policy, a gold scorer (vader sentiment, the length, or a classifier)
+standing in for the human, who prefers a response with the Bradley-Terry probability below. The file is
+written first, then trained on, so it can be read and reused; its gold scores give the gold labeler's own
+agreement with the labels, the ceiling of a reward model's held-out accuracy (the labels are noisy).
+The saved folder is what ppo_rlhf_gpt2.py's --reward-model reads.
+
+Papers: Ziegler et al. 2019, "Fine-Tuning Language Models from Human Preferences" (arXiv:1909.08593);
+Stiennon et al. 2020, "Learning to Summarize from Human Feedback" (arXiv:2009.01325); Ouyang et al. 2022,
+InstructGPT (arXiv:2203.02155); Huang et al. 2024, "The N+ Implementation Details of RLHF with PPO"
+(arXiv:2403.17031).
+
+Usage:
+    python reward_model_gpt2.py --model-name ./my-lm --gold vader --num-comparisons 2000 --save-model
+    python reward_model_gpt2.py --model-name ./my-lm --preferences my_comparisons.jsonl --save-model
+    python ppo_rlhf_gpt2.py --model-name ./my-lm --reward-model runs/<run>/model   # RLHF on it
+    tensorboard --logdir runs   # losses/reward_loss, charts/accuracy, charts/learning_rate,
+                                # eval/accuracy, eval/reward_loss, eval/gold_accuracy
+
+One comparison a line of --preferences (JSON): {"prompt": ..., "chosen": ..., "rejected": ...}; --gold adds
+"gold_chosen" and "gold_rejected". What the code computes (r: the reward model, sigma: the sigmoid):
+    gold labeler:  P(a preferred to b) = sigma((gold_a - gold_b) / gold_beta)
+    scores         = r(prompt + response), the head's output at the last real token
+    reward_loss    = mean over pairs of -log sigma(chosen_scores - rejected_scores)
+    accuracy       = share of pairs with chosen_scores > rejected_scores (ties count 1/2)
+    normalization: gain = 1 / std(scores), bias = -mean(scores) * gain over all responses of the file
+    normalized score = gain * scores + bias = logits[:, 0] + config.reward_bias (the gain is in the head)
+
+Implementation details; RLHF numbers as in ppo_rlhf_gpt2.py, 35 on for the reward model's own:
+ 3. Adam with eps = 1e-5.   4. The learning rate decays linearly to 0.
+23. A pad token distinct from EOS, never fed to a model and never sampled (masked out of the logits).
+24. Left padding of the queries when sampling the comparisons.
+25. Position ids computed from the attention mask in every forward pass.
+26. Logits divided by the sampling temperature.   27. Pure sampling (no top-k, no top-p).
+28. Dropout off: eval mode, also while training.
+29. Truncation after the first stop token at or after --min-response-length tokens.
+31. Reward normalization: the scores set to mean 0 and std 1 on the initial policy's responses, the
+    responses of the preference file (with --gold: the policy's own samples), after training.
+    The gain is folded into the head's weight (exact; the head has no bias), the shift stored as
+    config.reward_bias: the saved folder gives normalized scores with plain transformers.
+35. The reward model is the policy's backbone plus a scalar head, initialized N(0, 1 / (hidden + 1)).
+36. The score is read at the last real token of prompt + response, whatever the padding side.
+37. Bradley-Terry loss; chosen and rejected responses in one forward pass.
+38. Synthetic labels: a gold scorer with Bradley-Terry noise, the pairs of identical responses dropped.
+39. A seeded held-out split of the comparisons; its accuracy beside the gold labeler's agreement.
+40. The whole model trained (backbone and head), one epoch by default: reward models overfit fast.
+"""
+
+import json
+import math
+import os
+import random
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import tyro
+from torch.utils.tensorboard import SummaryWriter
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+
+
+@dataclass
+class Args:
+    # experiment
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]  # part of the run directory name
+    seed: int = 1  # seed of python, numpy and torch (sampling, labels, split, shuffling)
+    torch_deterministic: bool = True  # if toggled, `torch.backends.cudnn.deterministic=True`
+    cuda: bool = True  # if toggled and a GPU is available, run on it
+    num_threads: int = 1  # torch CPU threads
+    runs_dir: str = "runs"  # TensorBoard logs, preferences.jsonl and the model go to <runs_dir>/<run_name>/
+    save_model: bool = False  # save the reward model and its tokenizer (save_pretrained) to <run dir>/model
+
+    # data
+    preferences: str | None = None  # a JSONL file of comparisons to train on (or --gold to make one)
+    gold: str | None = None  # make <run dir>/preferences.jsonl: `vader`, `length` or a classifier folder
+    gold_beta: float = 0.1  # labeler noise: a vader difference of 0.1 is preferred 73% of the time, 0.3: 95%
+    gold_label: int = 1  # --gold FOLDER: the classifier's logit used as the gold score (one label: it)
+    num_comparisons: int = 2000  # --gold: comparisons written (two responses sampled per prompt)
+    prompts_file: str | None = None  # --gold: one prompt per line (default: ppo_rlhf_gpt2.py's prompts)
+    eval_fraction: float = 0.1  # share of the comparisons held out (a seeded split)
+
+    # model and sampling (the sampling of ppo_rlhf_gpt2.py)
+    model_name: str = "gpt2"  # the policy: samples the comparisons; its backbone starts the reward model
+    max_query_length: int = 32  # longer prompts lose their first tokens
+    response_length: int = 24  # number of tokens sampled for each response
+    min_response_length: int = 16  # a stop token earlier than this many tokens does not end the response
+    temperature: float = 0.7  # sampling temperature
+    stop_token: str = "."  # `eos` or a single-token string: responses are truncated after it
+    max_length: int = 128  # texts longer than this many tokens lose their first tokens (the end is scored)
+
+    # algorithm
+    num_epochs: int = 1  # passes over the training comparisons
+    batch_size: int = 32  # comparisons per optimizer step
+    gradient_accumulation_steps: int = 1  # micro-batches per batch, their gradients accumulated
+    forward_batch_size: int = 32  # prompts per sampling pass, texts per scoring pass without gradients
+    learning_rate: float = 2e-5  # the learning rate of Adam
+    anneal_lr: bool = True  # anneal the learning rate linearly to 0
+    max_grad_norm: float = 1.0  # the maximum norm of the global gradient
+    eval_every: int = 10  # score the held-out comparisons every this many steps (0: at the end only)
+    normalize: bool = True  # fold mean 0, std 1 on the file's responses into the saved model
+
+    # computed in check_args
+    micro_batch_size: int = 0  # computed: batch_size // gradient_accumulation_steps
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Sampling the comparisons: ppo_rlhf_gpt2.py's generation, copied (no code is shared between the scripts).
+
+
+def model_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict:
+    """The inputs of every forward pass except generation's, for any padding side."""
+    attention_mask = attention_mask.bool()
+    # detail 25: position ids from the attention mask: the first real token is at 0 whatever the padding
+    position_ids = (attention_mask.cumsum(1) - attention_mask.long()).clamp(min=0)
+    # detail 23: the pad id may be outside the vocabulary; padded positions are masked out, any id will do
+    input_ids = input_ids.masked_fill(~attention_mask, 0)
+    return dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                use_cache=False)
+
+
+@torch.inference_mode()
+def generate(policy, queries: torch.Tensor, response_length: int, temperature: float, pad_token_id: int):
+    """Sample response_length tokens after each left-padded query (detail 24), with the KV cache."""
+    inputs = model_inputs(queries, queries != pad_token_id)  # detail 25
+    attention_mask, position_ids = inputs["attention_mask"], inputs["position_ids"]
+    input_ids, past_key_values, responses = inputs["input_ids"], None, []
+    for _ in range(response_length):
+        output = policy(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                        past_key_values=past_key_values, use_cache=True, logits_to_keep=1)
+        past_key_values = output.past_key_values
+        logits = output.logits[:, -1] / temperature  # detail 26
+        if pad_token_id < logits.shape[-1]:  # detail 23: a pad id inside the vocabulary is never sampled
+            logits[:, pad_token_id] = torch.finfo(logits.dtype).min
+        token = torch.multinomial(logits.softmax(-1), 1)  # detail 27: pure sampling
+        responses.append(token)
+        input_ids = token
+        attention_mask = torch.cat([attention_mask, torch.ones_like(token, dtype=torch.bool)], dim=1)
+        position_ids = position_ids[:, -1:] + 1
+    return torch.cat(responses, dim=1)
+
+
+def truncate_after_stop_token(responses: torch.Tensor, stop_token_id: int, pad_token_id: int,
+                              min_response_length: int = 0) -> torch.Tensor:
+    """detail 29: keep each response up to and including its first stop token at index min_response_length
+    or later, and pad what follows."""
+    is_stop = responses == stop_token_id
+    is_stop[:, :min_response_length] = False  # too early to end the response
+    last_index = torch.where(is_stop.any(dim=1), is_stop.int().argmax(dim=1), responses.shape[1] - 1)
+    padding_mask = torch.arange(responses.shape[1], device=responses.device) > last_index.unsqueeze(1)
+    return responses.masked_fill(padding_mask, pad_token_id)
+
+
+def bradley_terry_labels(gold_a: torch.Tensor, gold_b: torch.Tensor, beta: float,
+                         generator: torch.Generator) -> torch.Tensor:
+    """detail 38: True where the gold labeler prefers a, with probability sigma((gold_a - gold_b) / beta)."""
+    return torch.rand(gold_a.shape, generator=generator) < torch.sigmoid((gold_a - gold_b) / beta)
+
+
+def sample_comparisons(policy, prompts: list[str], tokenizer, stop_token_id: int, gold_fn, args: Args,
+                       device: torch.device) -> list[dict]:
+    """Two responses to each prompt, labeled by the gold scorer; identical or empty pairs are dropped."""
+    rng, generator, comparisons = random.Random(args.seed), torch.Generator().manual_seed(args.seed), []
+    while len(comparisons) < args.num_comparisons:
+        batch = [prompts[rng.randrange(len(prompts))] for _ in range(args.forward_batch_size)]
+        queries = tokenizer(batch, padding=True, truncation=True, max_length=args.max_query_length,
+                            return_tensors="pt")["input_ids"].to(device)
+        queries = torch.cat([queries, queries])  # response a of each prompt, then response b
+        responses = generate(policy, queries, args.response_length, args.temperature, tokenizer.pad_token_id)
+        responses = truncate_after_stop_token(responses, stop_token_id, tokenizer.pad_token_id,
+                                              args.min_response_length)
+        # The text is the one ppo_rlhf_gpt2.py's reward function reads; the prompt is its decoded query,
+        # so that prompt + response is that text exactly.
+        texts = tokenizer.batch_decode(torch.cat([queries, responses], dim=1), skip_special_tokens=True)
+        prompt_texts = tokenizer.batch_decode(queries, skip_special_tokens=True)
+        response_texts = [t[len(p):] if t.startswith(p) else tokenizer.decode(r, skip_special_tokens=True)
+                          for t, p, r in zip(texts, prompt_texts, responses)]
+        gold = gold_fn([p + r for p, r in zip(prompt_texts, response_texts)], response_texts).float().cpu()
+        n = len(batch)
+        a_preferred = bradley_terry_labels(gold[:n], gold[n:], args.gold_beta, generator)
+        for i in range(n):
+            a, b = (i, n + i) if a_preferred[i] else (n + i, i)
+            if response_texts[a] == response_texts[b] or not response_texts[a] or not response_texts[b]:
+                continue  # detail 38: no preference between identical responses
+            comparisons.append(dict(prompt=prompt_texts[i], chosen=response_texts[a],
+                                    rejected=response_texts[b], gold_chosen=gold[a].item(),
+                                    gold_rejected=gold[b].item()))
+        print(f"sampled {min(len(comparisons), args.num_comparisons)}/{args.num_comparisons} comparisons")
+    return comparisons[: args.num_comparisons]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The reward model and the math (each function is tested against an explicit reference).
+
+
+def reward_scores(reward_model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """detail 36: the scalar head at the last real token (the rightmost position the mask keeps), so left
+    and right padding give the same scores. Returns (batch,)."""
+    hidden = reward_model.base_model(**model_inputs(input_ids, attention_mask)).last_hidden_state
+    positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+    last_index = (positions * attention_mask.long()).argmax(1)
+    return reward_model.score(hidden[torch.arange(len(hidden), device=hidden.device), last_index]).squeeze(-1)
+
+
+def score_texts(reward_model, tokenizer, texts: list[str], max_length: int, device) -> torch.Tensor:
+    batch = tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+    return reward_scores(reward_model, batch["input_ids"].to(device), batch["attention_mask"].to(device))
+
+
+def preference_loss(chosen_scores: torch.Tensor, rejected_scores: torch.Tensor) -> torch.Tensor:
+    """detail 37: the Bradley-Terry negative log-likelihood, mean over pairs of -log sigma(r_c - r_r)."""
+    return -F.logsigmoid(chosen_scores - rejected_scores).mean()
+
+
+def comparison_accuracy(chosen_scores: torch.Tensor, rejected_scores: torch.Tensor) -> float:
+    """Share of pairs scored in the labels' order; a tie counts 1/2 (a coin flip would get it half right)."""
+    return ((chosen_scores > rejected_scores).float() + 0.5 * (chosen_scores == rejected_scores).float()
+            ).mean().item()
+
+
+def score_normalization(raw_scores: torch.Tensor) -> tuple[float, float]:
+    """detail 31: (gain, bias) such that gain * raw_scores + bias has mean 0 and std 1 (constant: gain 1)."""
+    std = raw_scores.std().item() if raw_scores.numel() > 1 else 0.0
+    gain = 1.0 / std if std > 1e-6 else 1.0
+    return gain, -raw_scores.mean().item() * gain
+
+
+def split_comparisons(n: int, eval_fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """detail 39: (training, held-out) indices of n comparisons, shuffled once by the seed."""
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    num_eval = max(1, round(eval_fraction * n))
+    return order[num_eval:], order[:num_eval]
+
+
+@torch.inference_mode()
+def score_in_chunks(reward_model, tokenizer, texts: list[str], args: Args, device) -> torch.Tensor:
+    """The scores of many texts, args.forward_batch_size at a time, without gradients."""
+    chunk = args.forward_batch_size
+    return torch.cat([score_texts(reward_model, tokenizer, texts[i : i + chunk], args.max_length, device)
+                      for i in range(0, len(texts), chunk)])
+
+
+def evaluate(reward_model, tokenizer, comparisons: list[dict], args: Args, device) -> dict:
+    """Loss and accuracy on held-out comparisons."""
+    texts = [c["prompt"] + c[key] for key in ("chosen", "rejected") for c in comparisons]
+    scores = score_in_chunks(reward_model, tokenizer, texts, args, device)
+    chosen_scores, rejected_scores = scores[: len(comparisons)], scores[len(comparisons) :]
+    return {"reward_loss": preference_loss(chosen_scores, rejected_scores).item(),
+            "accuracy": comparison_accuracy(chosen_scores, rejected_scores)}
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Training
+
+
+def main(args: Args) -> dict:
+    # 1. setup
+    check_args(args)
+    comparisons = None if args.gold else read_preferences(args.preferences, args)  # fails before loading
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    torch.set_num_threads(args.num_threads)
+    if args.cuda and not torch.cuda.is_available():
+        print("--cuda: no GPU available, running on the CPU")
+    device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
+    run_dir = os.path.join(args.runs_dir, f"{args.exp_name}__{args.seed}__{int(time.time())}")
+    tokenizer, stop_token_id = load_tokenizer(args.model_name, args.stop_token)
+
+    # 2. preferences: with --gold, sample and label them, and write the file before training on it
+    preferences = args.preferences
+    if args.gold:
+        gold_fn = load_gold_fn(args, device)
+        policy = load_policy(args.model_name, device)
+        prompts = load_prompts(args)
+        sampled = sample_comparisons(policy, prompts, tokenizer, stop_token_id, gold_fn, args, device)
+        del policy, gold_fn
+        preferences = write_preferences(sampled, os.path.join(run_dir, "preferences.jsonl"))
+        comparisons = read_preferences(preferences, args)
+    train_indices, eval_indices = split_comparisons(len(comparisons), args.eval_fraction, args.seed)
+    train_set, eval_set = [comparisons[i] for i in train_indices], [comparisons[i] for i in eval_indices]
+    has_gold = all("gold_chosen" in c and "gold_rejected" in c for c in eval_set)
+    gold_accuracy = comparison_accuracy(*(torch.tensor([c[k] for c in eval_set], dtype=torch.float64)
+                                          for k in ("gold_chosen", "gold_rejected"))) if has_gold else None
+
+    # 3. the reward model: the policy's backbone and a scalar head (detail 35), Adam (detail 3)
+    reward_model = load_reward_model(args.model_name, device)
+    optimizer = torch.optim.Adam(reward_model.parameters(), lr=args.learning_rate, eps=1e-5)
+    writer = SummaryWriter(run_dir)
+    writer.add_text("hyperparameters", "\n".join(f"|{k}|{v}|" for k, v in [("param", "value"), ("-", "-"),
+                                                                            *vars(args).items()]))
+    num_steps = args.num_epochs * (len(train_set) // args.batch_size)
+    step, interrupted, eval_stats = 0, False, {}
+
+    def held_out_evaluation():
+        eval_stats.update(evaluate(reward_model, tokenizer, eval_set, args, device))
+        writer.add_scalar("eval/accuracy", eval_stats["accuracy"], step)
+        writer.add_scalar("eval/reward_loss", eval_stats["reward_loss"], step)
+        if gold_accuracy is not None:  # detail 39: the ceiling, beside the reward model's accuracy
+            writer.add_scalar("eval/gold_accuracy", gold_accuracy, step)
+
+    print(f"{len(train_set)} training and {len(eval_set)} held-out comparisons, {num_steps} steps")
+    try:
+        held_out_evaluation()
+        for epoch in range(args.num_epochs):  # detail 40
+            order = torch.randperm(len(train_set)).tolist()
+            for start in range(0, len(train_set) - args.batch_size + 1, args.batch_size):
+                step += 1
+                if args.anneal_lr:  # detail 4
+                    optimizer.param_groups[0]["lr"] = (1.0 - (step - 1.0) / num_steps) * args.learning_rate
+
+                # 4. update: the Bradley-Terry loss of each micro-batch, gradients accumulated
+                losses, accuracies = [], []
+                for micro_start in range(start, start + args.batch_size, args.micro_batch_size):
+                    batch = [train_set[i] for i in order[micro_start : micro_start + args.micro_batch_size]]
+                    texts = [c["prompt"] + c[key] for key in ("chosen", "rejected") for c in batch]
+                    scores = score_texts(reward_model, tokenizer, texts, args.max_length, device)  # detail 37
+                    chosen_scores, rejected_scores = scores[: len(batch)], scores[len(batch) :]
+                    loss = preference_loss(chosen_scores, rejected_scores)
+                    (loss / args.gradient_accumulation_steps).backward()
+                    losses.append(loss.item())
+                    accuracies.append(comparison_accuracy(chosen_scores.detach(), rejected_scores.detach()))
+                nn.utils.clip_grad_norm_(reward_model.parameters(), args.max_grad_norm)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+
+                # 5. logging
+                writer.add_scalar("losses/reward_loss", float(np.mean(losses)), step)
+                writer.add_scalar("charts/accuracy", float(np.mean(accuracies)), step)
+                writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], step)
+                if args.eval_every > 0 and step % args.eval_every == 0 and step < num_steps:
+                    held_out_evaluation()
+                print(f"epoch {epoch + 1} step {step}/{num_steps} loss {np.mean(losses):.4f} "
+                      f"accuracy {np.mean(accuracies):.3f}")
+        held_out_evaluation()
+    except KeyboardInterrupt:
+        print(f"interrupted at step {step}: keeping the logs, skipping the final evaluation")
+        interrupted, eval_stats = True, {}
+
+    # 6. normalize / save
+    result = {"run_dir": run_dir, "preferences": preferences, "steps": step, "gold_accuracy": gold_accuracy,
+              **{f"eval_{k}": v for k, v in eval_stats.items()}}
+    try:
+        if not interrupted:
+            gold = f", the gold labeler's {gold_accuracy:.3f}" if gold_accuracy is not None else ""
+            print(f"held-out accuracy {eval_stats['accuracy']:.3f} on {len(eval_set)} comparisons{gold}")
+        if args.save_model:
+            gain, bias = 1.0, 0.0
+            if args.normalize:  # detail 31: on the responses of the preference file
+                texts = [c["prompt"] + c[key] for key in ("chosen", "rejected") for c in comparisons]
+                raw_scores = score_in_chunks(reward_model, tokenizer, texts, args, device)
+                gain, bias = score_normalization(raw_scores)
+                with torch.no_grad():
+                    reward_model.score.weight.mul_(gain)  # exact: the head is linear and has no bias
+            result.update(model_path=os.path.join(run_dir, "model"), reward_gain=gain, reward_bias=bias)
+            save_reward_model(reward_model, args.model_name, result["model_path"], bias)
+            print(f"reward model saved to {result['model_path']} (normalized: gain {gain:.4g}, "
+                  f"reward_bias {bias:.4g})")
+    except KeyboardInterrupt:
+        print("interrupted while normalizing or saving: keeping the logs; the model folder may be incomplete")
+    finally:
+        writer.close()
+    return result
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Plumbing, skippable on a first reading: argument checks, the preference file, loading and saving.
+
+
+def check_args(args: Args) -> None:
+    """Validate the arguments and compute the derived sizes; fail before any model is loaded."""
+
+    def require(names: tuple, ok, requirement: str):
+        for name in names:
+            if not ok(getattr(args, name)):
+                flag = "--" + name.replace("_", "-")
+                raise SystemExit(f"error: {flag} must be {requirement} (got {getattr(args, name)})")
+
+    require(("num_comparisons", "max_query_length", "response_length", "num_epochs", "batch_size",
+             "gradient_accumulation_steps", "forward_batch_size", "num_threads"),
+            lambda v: v >= 1, "at least 1")
+    require(("max_length",), lambda v: v >= 2, "at least 2")
+    require(("eval_every",), lambda v: v >= 0, "at least 0")
+    require(("gold_beta", "temperature", "learning_rate", "max_grad_norm"),
+            lambda v: v > 0 and math.isfinite(v), "positive")
+    require(("eval_fraction",), lambda v: 0 < v < 1, "between 0 and 1 (exclusive)")
+    if not 0 <= args.min_response_length < args.response_length:
+        raise SystemExit(f"error: --min-response-length {args.min_response_length} must be at least 0 and "
+                         f"smaller than --response-length {args.response_length}")
+    if args.batch_size % args.gradient_accumulation_steps != 0:
+        raise SystemExit(f"error: --batch-size {args.batch_size} is not divisible by "
+                         f"--gradient-accumulation-steps {args.gradient_accumulation_steps}")
+    args.micro_batch_size = args.batch_size // args.gradient_accumulation_steps
+    if not args.stop_token:
+        raise SystemExit("error: --stop-token must be `eos` or a single-token string such as `.`")
+    if args.model_name.startswith(("/", ".", "~")) and not os.path.isdir(os.path.expanduser(args.model_name)):
+        raise SystemExit(f"error: --model-name {args.model_name}: no such directory")
+    if args.gold is None:
+        if args.preferences is None:
+            raise SystemExit("error: --preferences: pass a JSONL file of comparisons, or --gold vader (or "
+                             "length, or a classifier folder) to sample and label them")
+        if not os.path.isfile(args.preferences):
+            raise SystemExit(f"error: --preferences {args.preferences}: no such file")
+        if args.prompts_file is not None:
+            raise SystemExit("error: --prompts-file: only --gold samples responses to prompts; add --gold")
+        return
+    if args.preferences is not None:
+        raise SystemExit(f"error: --preferences {args.preferences}: --gold writes its own comparisons to "
+                         "<run dir>/preferences.jsonl; pass one or the other")
+    if args.gold == "vader":
+        import importlib.util
+
+        if importlib.util.find_spec("vaderSentiment") is None:
+            raise SystemExit("error: --gold vader needs the vaderSentiment package (pip install "
+                             "vaderSentiment)")
+    elif args.gold != "length" and not os.path.isdir(os.path.expanduser(args.gold)):
+        raise SystemExit(f"error: --gold {args.gold}: not `vader`, `length` or a sequence-classifier folder")
+    if args.prompts_file is not None and not os.path.isfile(args.prompts_file):
+        raise SystemExit(f"error: --prompts-file {args.prompts_file}: no such file")
+    check_split(args.num_comparisons, args)
+
+
+def check_split(num_comparisons: int, args: Args) -> None:
+    num_train = len(split_comparisons(num_comparisons, args.eval_fraction, args.seed)[0])
+    if num_train < args.batch_size:
+        raise SystemExit(f"error: --batch-size {args.batch_size} is larger than the {num_train} training "
+                         f"comparisons (after --eval-fraction {args.eval_fraction}); lower it or add some")
+
+
+def read_preferences(path: str, args: Args) -> list[dict]:
+    """The comparisons of a JSONL file, or a one-line error that names the line."""
+    comparisons = []
+    with open(path) as f:
+        for number, line in enumerate(f, 1):
+            where = f"error: --preferences {path}: line {number}"
+            if not line.strip():
+                raise SystemExit(f"{where} is empty: write one JSON object per line, with no blank lines")
+            try:
+                comparison = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise SystemExit(f"{where} is not JSON ({e.msg})")
+            missing = [k for k in ("prompt", "chosen", "rejected")
+                       if not isinstance(comparison, dict) or not isinstance(comparison.get(k), str)]
+            if missing:
+                raise SystemExit(f"{where} lacks the text field(s) {', '.join(missing)}: each line needs "
+                                 '{"prompt": ..., "chosen": ..., "rejected": ...}')
+            if not comparison["chosen"].strip() or not comparison["rejected"].strip():
+                raise SystemExit(f"{where}: an empty response; both responses need text")
+            if comparison["chosen"] == comparison["rejected"]:
+                raise SystemExit(f"{where}: chosen and rejected are the same text; drop the line")
+            comparisons.append(comparison)
+    if not comparisons:
+        raise SystemExit(f"error: --preferences {path} contains no comparisons")
+    check_split(len(comparisons), args)
+    return comparisons
+
+
+def write_preferences(comparisons: list[dict], path: str) -> str:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        for comparison in comparisons:
+            f.write(json.dumps(comparison) + "\n")
+    print(f"{len(comparisons)} comparisons written to {path}")
+    return path
+
+
+def load_prompts(args: Args) -> list[str]:
+    if args.prompts_file is None:
+        return list(PROMPTS)
+    with open(args.prompts_file) as f:
+        prompts = [line.strip() for line in f if line.strip()]
+    if not prompts:
+        raise SystemExit(f"error: --prompts-file {args.prompts_file} contains no prompts")
+    return prompts
+
+
+def first_line(e: Exception) -> str:
+    return (str(e).strip() or type(e).__name__).splitlines()[0]
+
+
+def from_pretrained(auto_class, name: str, flag: str, **kwargs):
+    """Load a model or tokenizer; if it cannot be loaded, stop with a message that says what to pass."""
+    try:
+        return auto_class.from_pretrained(name, **kwargs)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"error: {flag} {name!r} could not be loaded ({first_line(e)}). Without network "
+                         f"access, pass a local directory written by save_pretrained (and set "
+                         f"HF_HUB_OFFLINE=1 to skip the retries).")
+
+
+def load_tokenizer(model_name: str, stop_token: str):
+    """The policy's tokenizer: left padding and truncation, a pad token distinct from EOS; and the stop id."""
+    tokenizer = from_pretrained(AutoTokenizer, model_name, "--model-name", padding_side="left",
+                                truncation_side="left")  # detail 24
+    if tokenizer.pad_token is None or tokenizer.pad_token_id == tokenizer.eos_token_id:
+        tokenizer.add_special_tokens({"pad_token": "[PAD]"})  # detail 23
+    if stop_token == "eos":
+        if tokenizer.eos_token_id is None:
+            raise SystemExit(f"error: --stop-token eos: the tokenizer of {model_name} has no EOS token")
+        return tokenizer, tokenizer.eos_token_id
+    # the id the policy samples is the one the token has inside text (SentencePiece may encode "." alone
+    # as "▁."), so it is read off a word followed by the stop token
+    for word in ("word", "x", "7"):
+        word_ids = tokenizer.encode(word, add_special_tokens=False)
+        ids = tokenizer.encode(word + stop_token, add_special_tokens=False)
+        if len(ids) == len(word_ids) + 1 and ids[: len(word_ids)] == word_ids:
+            return tokenizer, ids[-1]
+    raise SystemExit(f"error: --stop-token {stop_token!r} is not a single token inside text for this "
+                     f"tokenizer; pass `eos` or a single token, such as `.`")
+
+
+def load_policy(model_name: str, device: torch.device) -> nn.Module:
+    policy = from_pretrained(AutoModelForCausalLM, model_name, "--model-name", dtype=torch.float32)
+    return policy.to(device).eval()  # detail 28
+
+
+def load_reward_model(model_name: str, device: torch.device) -> nn.Module:
+    """detail 35: the policy's backbone with a new one-output head `score` (no bias in GPT-2's or Llama's)."""
+    reward_model = from_pretrained(AutoModelForSequenceClassification, model_name, "--model-name",
+                                   num_labels=1, dtype=torch.float32)
+    if not isinstance(getattr(reward_model, "score", None), nn.Linear) or reward_model.score.bias is not None:
+        raise SystemExit(f"error: --model-name {model_name}: {type(reward_model).__name__} has no bias-free "
+                         "linear head `score` (GPT-2 and Llama models have one)")
+    nn.init.normal_(reward_model.score.weight, std=1 / math.sqrt(reward_model.config.hidden_size + 1))
+    return reward_model.to(device).eval()  # detail 28: dropout off, also while training
+
+
+def load_gold_fn(args: Args, device: torch.device):
+    """The gold scorer standing in for the human labeler: texts (prompt + response) and responses in."""
+    if args.gold == "length":  # ppo_rlhf_gpt2.py's toy reward: characters of the response, scaled
+        return lambda texts, responses: torch.tensor([len(r) / args.response_length for r in responses])
+    if args.gold == "vader":
+        from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
+
+        analyzer = SentimentIntensityAnalyzer()
+        return lambda texts, responses: torch.tensor([analyzer.polarity_scores(t)["compound"] for t in texts])
+    gold_tokenizer = from_pretrained(AutoTokenizer, args.gold, "--gold")
+    gold_model = from_pretrained(AutoModelForSequenceClassification, args.gold, "--gold", dtype=torch.float32)
+    gold_model.to(device).eval().requires_grad_(False)
+    label = 0 if gold_model.config.num_labels == 1 else args.gold_label
+    if not 0 <= label < gold_model.config.num_labels:
+        raise SystemExit(f"error: --gold-label {args.gold_label} is not one of the gold classifier's "
+                         f"{gold_model.config.num_labels} labels")
+    if gold_tokenizer.pad_token is None:
+        gold_tokenizer.pad_token = gold_tokenizer.eos_token  # it reads plain text: EOS is a safe pad
+    gold_model.config.pad_token_id = gold_tokenizer.pad_token_id
+    reward_bias = getattr(gold_model.config, "reward_bias", 0.0)  # a folder this script saved
+
+    @torch.inference_mode()
+    def gold_fn(texts, responses):
+        inputs = gold_tokenizer(texts, padding=True, truncation=True, return_tensors="pt").to(device)
+        return gold_model(**inputs).logits[:, label].float() + reward_bias
+
+    return gold_fn
+
+
+def save_reward_model(reward_model: nn.Module, model_name: str, path: str, reward_bias: float) -> None:
+    """save_pretrained with a tokenizer plain transformers can use as it is: right padding (the position
+    ids transformers makes are then those of detail 25) and a pad id the model can embed (EOS if none)."""
+    tokenizer = from_pretrained(AutoTokenizer, model_name, "--model-name", padding_side="right",
+                                truncation_side="left")
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    reward_model.config.pad_token_id = tokenizer.pad_token_id
+    reward_model.config.reward_bias = reward_bias  # detail 31: normalized score = logits[:, 0] + reward_bias
+    reward_model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Data, skippable: ppo_rlhf_gpt2.py's training prompts, openings of movie reviews (a test keeps them equal).
+
+PROMPTS = [
+    "This movie was", "I went into this film expecting", "The acting in this one is",
+    "Honestly, the plot of this movie", "From the very first scene, I",
+    "My friends dragged me to see this, and", "The director clearly wanted to",
+    "I have seen a lot of westerns, but this one", "The soundtrack alone",
+    "After two hours in the theater, I", "The lead actress gives a performance that",
+    "This is the kind of comedy that", "I rented this on a rainy Sunday and", "The special effects were",
+    "Watching this with my kids,", "The dialogue in the second half",
+    "If you liked the book, this adaptation", "I did not expect a horror movie to", "The ending of this film",
+    "Critics have called it a masterpiece, but", "The cinematography is", "Three words describe this movie:",
+    "I walked out of the cinema feeling", "The villain in this story",
+    "It has been years since a documentary", "The first twenty minutes are",
+    "As a fan of the original series, I", "The chemistry between the two leads", "This low-budget thriller",
+    "I watched it twice, and", "The screenplay tries to", "Nothing about this sequel",
+    "My expectations were low, and the film", "The pacing of this movie",
+    "Every scene with the old detective", "This animated feature", "The costumes and sets",
+    "I can't remember the last time a movie", "The story follows a young woman who",
+    "What starts as a simple romance", "The humor in this film", "Halfway through, I realized",
+    "This remake of a classic", "The cast is full of familiar faces, and", "As war films go, this one",
+    "The music, the colors, the camera work:", "I really wanted to like this movie, but",
+    "The child actors in this film", "By the time the credits rolled,", "This is a slow film that",
+    "The twist at the end", "Compared to the director's earlier work,", "Nobody in my family",
+    "The script was written by", "On paper, this movie", "The action sequences",
+    "I saw this at a small festival and", "This musical", "The performances are uneven, but",
+    "For a film about friendship, it", "The first time I saw this movie,", "This science fiction epic",
+    "Despite the famous cast, the film", "The editing makes every scene",
+    "The movie opens with a long shot of", "I laughed, I cried, and", "The small town setting",
+    "Years from now, people will", "This courtroom drama", "The heist in the middle of the film",
+    "It is rare for a family movie to", "The best thing about this film is",
+]
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))

@@ -1,0 +1,484 @@
+"""Tests of reward_model_gpt2.py, offline: a tiny GPT-2 and its tokenizer are built here, saved with
+save_pretrained, and loaded by the script's own loading code. Expected values come from plain python or
+plain transformers, never from the function under test."""
+
+import ast
+import dataclasses
+import json
+import math
+import os
+import statistics
+from pathlib import Path
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import (AutoModelForSequenceClassification, AutoTokenizer, GPT2Config,
+                          GPT2ForSequenceClassification, GPT2LMHeadModel, PreTrainedTokenizerFast)
+from tyro._docstrings import get_field_docstring
+
+import ppo_rlhf_gpt2 as rlhf
+import reward_model_gpt2 as rm
+
+EOS = "<|endoftext|>"
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny GPT-2 policy (dropout in its config, no pad token, like GPT-2) saved to a temporary folder."""
+    root = tmp_path_factory.mktemp("tiny_reward_models")
+    texts = rm.PROMPTS + ["It was great. I loved it. The best film of the year.",
+                          "Terrible acting, an awful plot. A bad movie.", "Some scenes work. Others do not."]
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.train_from_iterator(texts, trainers.BpeTrainer(
+        vocab_size=400, special_tokens=[EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False))
+    hf_tokenizer = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=EOS, eos_token=EOS, unk_token=EOS)
+    eos_id = hf_tokenizer.eos_token_id
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=len(hf_tokenizer), n_positions=128, n_embd=32, n_layer=2, n_head=2,
+                        bos_token_id=eos_id, eos_token_id=eos_id)
+    assert config.resid_pdrop > 0  # dropout must be switched off by the script
+    policy = GPT2LMHeadModel(config)
+    policy.save_pretrained(root / "policy")
+    hf_tokenizer.save_pretrained(root / "policy")
+    # a policy that ends about one response in seven tokens with ".": lengths that differ by whole tokens
+    dot = policy.transformer.wte.weight[hf_tokenizer.convert_tokens_to_ids(".")].detach()
+    with torch.no_grad():
+        policy.transformer.ln_f.bias.copy_(3.0 * dot / dot.dot(dot))  # adds 3 to the logit of "."
+    policy.save_pretrained(root / "stops")
+    hf_tokenizer.save_pretrained(root / "stops")
+    return {"policy": str(root / "policy"), "stops": str(root / "stops"), "root": root}
+
+
+def tiny_args(tiny, tmp_path, **overrides) -> rm.Args:
+    defaults = dict(model_name=tiny["policy"], gold="length", runs_dir=str(tmp_path / "runs"), cuda=False,
+                    num_comparisons=32, eval_fraction=0.25, batch_size=8, forward_batch_size=16,
+                    response_length=8, min_response_length=0, learning_rate=1e-3, eval_every=2)
+    defaults.update(overrides)
+    return rm.Args(**defaults)
+
+
+def read_scalars(run_dir) -> dict:
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def read_lines(path) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def write_lines(path, comparisons) -> str:
+    Path(path).write_text("".join(json.dumps(c) + "\n" for c in comparisons))
+    return str(path)
+
+
+def loaded_reward_model(tiny):
+    torch.manual_seed(0)
+    return rm.load_reward_model(tiny["policy"], CPU)
+
+
+# ---------------------------------------------------------------------------------------------- the math
+
+
+def test_preference_loss_against_a_per_pair_formula():
+    torch.manual_seed(0)
+    chosen, rejected = torch.randn(7) * 3, torch.randn(7) * 3
+    expected = sum(math.log(1 + math.exp(-(c - r))) for c, r in zip(chosen.tolist(), rejected.tolist())) / 7
+    assert rm.preference_loss(chosen, rejected).item() == pytest.approx(expected, rel=1e-5)
+    # swapping chosen and rejected is another loss; equal scores cost log 2
+    assert rm.preference_loss(rejected, chosen).item() != pytest.approx(expected, rel=1e-3)
+    assert rm.preference_loss(torch.zeros(3), torch.zeros(3)).item() == pytest.approx(math.log(2))
+
+
+def test_comparison_accuracy_counts_ties_as_half():
+    chosen, rejected = torch.tensor([2.0, 1.0, 0.5, 3.0]), torch.tensor([1.0, 1.0, 0.7, -1.0])
+    assert rm.comparison_accuracy(chosen, rejected) == pytest.approx((1 + 0.5 + 0 + 1) / 4)
+
+
+def test_bradley_terry_labels():
+    gold_a = torch.tensor([0.3, -0.2, 0.5, 0.1] * 2000)
+    gold_b = torch.tensor([0.1, 0.4, 0.5, -0.3] * 2000)
+    # near-zero noise: the higher gold score always wins (ties: a coin flip)
+    labels = rm.bradley_terry_labels(gold_a, gold_b, 1e-6, torch.Generator().manual_seed(0))
+    assert labels[0::4].all() and not labels[1::4].any() and labels[3::4].all()
+    assert 0.45 < labels[2::4].float().mean().item() < 0.55
+    # beta 0.2: each pair is preferred with probability 1 / (1 + exp(-(a - b) / 0.2))
+    labels = rm.bradley_terry_labels(gold_a, gold_b, 0.2, torch.Generator().manual_seed(1))
+    for i, (a, b) in enumerate([(0.3, 0.1), (-0.2, 0.4), (0.5, 0.5), (0.1, -0.3)]):
+        p = 1 / (1 + math.exp(-(a - b) / 0.2))
+        assert labels[i::4].float().mean().item() == pytest.approx(p, abs=4 * math.sqrt(p * (1 - p) / 2000) + 1e-3)
+    again = rm.bradley_terry_labels(gold_a, gold_b, 0.2, torch.Generator().manual_seed(1))
+    assert torch.equal(labels, again)
+
+
+def test_score_normalization():
+    raw = torch.tensor([1.0, 2.0, 4.0, 7.0])
+    gain, bias = rm.score_normalization(raw)
+    normalized = [gain * x + bias for x in raw.tolist()]
+    assert statistics.mean(normalized) == pytest.approx(0, abs=1e-6)
+    assert statistics.stdev(normalized) == pytest.approx(1)
+    assert rm.score_normalization(torch.full((5,), 3.0)) == (1.0, pytest.approx(-3.0))
+
+
+def test_split_comparisons_is_seeded_disjoint_and_complete():
+    train, held_out = rm.split_comparisons(40, 0.25, seed=3)
+    assert len(held_out) == 10 and sorted(train + held_out) == list(range(40))
+    assert (train, held_out) == rm.split_comparisons(40, 0.25, seed=3)
+    assert held_out != rm.split_comparisons(40, 0.25, seed=4)[1]
+    assert held_out != list(range(10))  # shuffled, not the first lines of the file
+    assert len(rm.split_comparisons(5, 0.01, seed=0)[1]) == 1  # at least one held-out comparison
+
+
+def test_truncate_after_stop_token():
+    stop, pad = 7, 99
+    responses = torch.tensor([[1, 7, 2, 7], [1, 2, 3, 4], [7, 1, 7, 1]])
+    assert rm.truncate_after_stop_token(responses, stop, pad).tolist() == [[1, 7, pad, pad], [1, 2, 3, 4],
+                                                                           [7, pad, pad, pad]]
+    assert rm.truncate_after_stop_token(responses, stop, pad, 1).tolist() == [[1, 7, pad, pad], [1, 2, 3, 4],
+                                                                              [7, 1, 7, pad]]
+
+
+# ---------------------------------------------------------------------------------------------- the model
+
+
+def test_score_is_read_at_the_last_real_token_whatever_the_padding(tiny):
+    model = loaded_reward_model(tiny)
+    tokenizer, _ = rm.load_tokenizer(tiny["policy"], ".")
+    texts = ["This movie was great.", "I went into this film expecting a lot, and it was", "The"]
+    ids = [tokenizer(t)["input_ids"] for t in texts]
+    # expected: plain transformers on each text alone (no padding: its last token is the last real one)
+    with torch.no_grad():
+        expected = torch.stack([model(input_ids=torch.tensor([i])).logits[0, 0] for i in ids])
+    width = max(len(i) for i in ids) + 2
+    torch.manual_seed(1)
+    for side in ("left", "right"):
+        input_ids = torch.randint(0, 300, (len(ids), width))  # garbage in the padding, changes the scores if read
+        attention_mask = torch.zeros(len(ids), width, dtype=torch.long)
+        for row, i in enumerate(ids):
+            cols = slice(width - len(i), width) if side == "left" else slice(0, len(i))
+            input_ids[row, cols], attention_mask[row, cols] = torch.tensor(i), 1
+        with torch.no_grad():
+            scores = rm.reward_scores(model, input_ids, attention_mask)
+            unmasked = rm.reward_scores(model, input_ids, torch.ones_like(attention_mask))
+        assert scores.shape == (3,)
+        torch.testing.assert_close(scores, expected, atol=1e-5, rtol=1e-4)
+        assert (unmasked - expected).abs().max() > 1e-3, side  # the garbage would change the result
+    # the script's own tokenization (left padding, a pad id outside the embedding) gives the same scores
+    with torch.no_grad():
+        torch.testing.assert_close(rm.score_texts(model, tokenizer, texts, 64, CPU), expected, atol=1e-5,
+                                   rtol=1e-4)
+
+
+def test_reward_model_starts_from_the_policy_with_a_scaled_head_and_dropout_off(tiny):
+    model = loaded_reward_model(tiny)
+    policy = GPT2LMHeadModel.from_pretrained(tiny["policy"])
+    assert torch.equal(model.transformer.h[0].attn.c_attn.weight, policy.transformer.h[0].attn.c_attn.weight)
+    assert model.score.weight.shape == (1, 32) and model.score.bias is None
+    std = model.score.weight.std().item()  # N(0, 1 / (32 + 1)): std 0.174 (transformers' default: 0.02)
+    assert 0.1 < std < 0.25
+    assert not model.training and not any(m.training for m in model.modules())
+
+
+def test_generation_is_left_padded_with_positions_from_the_mask(tiny):
+    """At a near-zero temperature, sampling is greedy decoding: a left-padded batch must continue each
+    prompt as plain transformers does on the prompt alone."""
+    tokenizer, _ = rm.load_tokenizer(tiny["policy"], ".")
+    policy = rm.load_policy(tiny["policy"], CPU)
+    prompts = ["This movie was", "I went into this film expecting a lot and"]
+    queries = tokenizer(prompts, padding=True, return_tensors="pt")["input_ids"]
+    assert (queries[0] == tokenizer.pad_token_id).any()  # really left-padded, with a pad id out of vocab
+    torch.manual_seed(0)
+    responses = rm.generate(policy, queries, 6, 1e-4, tokenizer.pad_token_id)
+    for row, prompt in enumerate(prompts):
+        ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+        expected = policy.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)[0, ids.shape[1]:]
+        assert responses[row].tolist() == expected.tolist()
+
+
+# ---------------------------------------------------------------------------------------------- runs
+
+
+def test_preferences_file_fields_labels_and_seed(tiny, tmp_path):
+    args = dict(num_comparisons=24, num_epochs=1, gold_beta=1e-6, batch_size=6)
+    first = rm.main(tiny_args(tiny, tmp_path / "a", **args))
+    lines = read_lines(first["preferences"])
+    assert first["preferences"] == os.path.join(first["run_dir"], "preferences.jsonl")
+    assert len(lines) == 24
+    for c in lines:
+        assert set(c) == {"prompt", "chosen", "rejected", "gold_chosen", "gold_rejected"}
+        assert c["prompt"] in rm.PROMPTS and c["chosen"] != c["rejected"] and c["chosen"] and c["rejected"]
+        # gold `length`: characters of the response over --response-length; at beta ~ 0, the longer wins
+        assert c["gold_chosen"] == pytest.approx(len(c["chosen"]) / 8)
+        assert c["gold_rejected"] == pytest.approx(len(c["rejected"]) / 8)
+        assert c["gold_chosen"] >= c["gold_rejected"]
+    assert any(c["gold_chosen"] > c["gold_rejected"] for c in lines)
+    assert read_lines(rm.main(tiny_args(tiny, tmp_path / "b", **args))["preferences"]) == lines
+    assert read_lines(rm.main(tiny_args(tiny, tmp_path / "c", seed=2, **args))["preferences"]) != lines
+    # the file is a valid --preferences for another run
+    again = rm.main(tiny_args(tiny, tmp_path / "d", gold=None, preferences=first["preferences"], batch_size=6))
+    assert again["gold_accuracy"] == first["gold_accuracy"]
+
+
+def test_texts_are_those_ppo_rlhf_gpt2_scores(tiny, tmp_path, monkeypatch):
+    """prompt + response in the file is the text ppo_rlhf_gpt2.py's reward function receives for the same
+    query and response tokens."""
+    seen = []
+    real_generate = rm.generate
+
+    def generate(policy, queries, *a):
+        responses = real_generate(policy, queries, *a)
+        seen.append((queries, responses))
+        return responses
+
+    monkeypatch.setattr(rm, "generate", generate)
+    result = rm.main(tiny_args(tiny, tmp_path, num_comparisons=8, forward_batch_size=64, batch_size=4,
+                               stop_token=".", response_length=8, min_response_length=3))
+    (queries, responses), = seen
+    tokenizer, pad_token_id, stop_token_id = rlhf.load_tokenizer(tiny["policy"], ".")
+    truncated, _, _ = rlhf.truncate_after_stop_token(responses, stop_token_id, pad_token_id, 3)
+    ppo_texts = set(tokenizer.batch_decode(torch.cat([queries, truncated], 1), skip_special_tokens=True))
+    for c in read_lines(result["preferences"]):
+        assert c["prompt"] + c["chosen"] in ppo_texts and c["prompt"] + c["rejected"] in ppo_texts
+
+
+def test_learning_a_separable_preference_and_the_logs(tiny, tmp_path):
+    """gold `length` with beta ~ 0: the longer response is chosen (ties aside). A few epochs must put the
+    held-out accuracy near the gold labeler's; an untrained or broken model stays near 1/2."""
+    args = tiny_args(tiny, tmp_path, model_name=tiny["stops"], num_comparisons=192, eval_fraction=0.25,
+                     batch_size=16, num_epochs=4, learning_rate=3e-3, gold_beta=1e-6, eval_every=3,
+                     response_length=12)
+    result = rm.main(args)
+    scalars = read_scalars(result["run_dir"])
+    lines = read_lines(result["preferences"])
+    held_out = [lines[i] for i in rm.split_comparisons(192, 0.25, 1)[1]]
+    gold = sum(1.0 if c["gold_chosen"] > c["gold_rejected"] else 0.5 if c["gold_chosen"] == c["gold_rejected"]
+               else 0.0 for c in held_out) / len(held_out)
+    assert result["gold_accuracy"] == pytest.approx(gold)
+    assert len(held_out) == 48
+    assert scalars["eval/accuracy"][0][1] < 0.75  # at step 0, before any training
+    assert gold > 0.9
+    assert result["eval_accuracy"] > 0.75 and result["eval_accuracy"] > gold - 0.2, (result, gold)
+    steps = 4 * (144 // 16)
+    assert result["steps"] == steps
+    for tag in ("losses/reward_loss", "charts/accuracy", "charts/learning_rate"):
+        assert [s for s, _ in scalars[tag]] == list(range(1, steps + 1)), tag
+    assert [v for _, v in scalars["charts/learning_rate"]] == pytest.approx(
+        [3e-3 * (1 - k / steps) for k in range(steps)])
+    eval_steps = [0] + list(range(3, steps, 3)) + [steps]
+    for tag in ("eval/accuracy", "eval/reward_loss", "eval/gold_accuracy"):
+        assert [s for s, _ in scalars[tag]] == eval_steps, tag
+    assert scalars["eval/accuracy"][-1][1] == pytest.approx(result["eval_accuracy"])
+    assert all(v == pytest.approx(gold) for _, v in scalars["eval/gold_accuracy"])
+    losses = [v for _, v in scalars["losses/reward_loss"]]
+    assert sum(losses[-5:]) < sum(losses[:5])
+
+
+def test_one_step_trains_every_parameter(tiny, tmp_path, monkeypatch):
+    """After the first backward pass, every parameter (the backbone's and the head's) has a nonzero
+    gradient, and the optimizer changes them all."""
+    grads, models = [], []
+    real_clip = torch.nn.utils.clip_grad_norm_
+    real_load = rm.load_reward_model
+
+    def clip(parameters, *a, **kw):
+        parameters = list(parameters)
+        grads.append([p.grad for p in parameters])
+        return real_clip(parameters, *a, **kw)
+
+    def load(*a):
+        models.append(real_load(*a))
+        models.append({n: p.detach().clone() for n, p in models[0].named_parameters()})
+        return models[0]
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip)
+    monkeypatch.setattr(rm, "load_reward_model", load)
+    rm.main(tiny_args(tiny, tmp_path, num_comparisons=12, batch_size=8, eval_fraction=0.3))
+    model, initial = models
+    assert len(grads) == 1
+    named = dict(model.named_parameters())
+    assert len(grads[0]) == len(named) and "score.weight" in named
+    for (name, p), g in zip(named.items(), grads[0]):
+        assert g is not None and g.abs().sum() > 0, name
+        assert not torch.equal(p, initial[name]) or name == "score.weight", name
+    assert not torch.equal(named["score.weight"], initial["score.weight"])
+
+
+def test_saved_folder_normalized_loads_with_plain_transformers(tiny, tmp_path):
+    result = rm.main(tiny_args(tiny, tmp_path, save_model=True, num_comparisons=24, num_epochs=2))
+    folder = result["model_path"]
+    assert folder == os.path.join(result["run_dir"], "model")
+    lines = read_lines(result["preferences"])
+    texts = [c["prompt"] + c[k] for c in lines for k in ("chosen", "rejected")]
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
+    assert isinstance(model, GPT2ForSequenceClassification) and model.config.num_labels == 1
+    assert isinstance(model.config.reward_bias, float) and model.config.reward_bias == result["reward_bias"]
+    batch = tokenizer(texts, padding=True, return_tensors="pt")
+    assert (batch["attention_mask"] == 0).any()  # really padded
+    with torch.no_grad():
+        plain = model(**batch).logits[:, 0] + model.config.reward_bias
+    # detail 31: mean 0 and std 1 on the responses of the preference file
+    assert statistics.mean(plain.tolist()) == pytest.approx(0, abs=1e-4)
+    assert statistics.stdev(plain.tolist()) == pytest.approx(1, abs=1e-4)
+    # the script's own scoring of the loaded folder gives the same scores
+    own_tokenizer, _ = rm.load_tokenizer(folder, ".")
+    with torch.no_grad():
+        own = rm.score_texts(model, own_tokenizer, texts, 128, CPU) + model.config.reward_bias
+    torch.testing.assert_close(own, plain, atol=1e-4, rtol=1e-4)
+    # and ppo_rlhf_gpt2.py's reward function reads the folder as the same normalized scores
+    reward_fn = rlhf.load_reward_fn(rlhf.Args(reward_model=folder), CPU)
+    torch.testing.assert_close(reward_fn(texts, texts), plain, atol=1e-4, rtol=1e-4)
+
+
+def test_round_trip_into_ppo_rlhf_gpt2(tiny, tmp_path):
+    result = rm.main(tiny_args(tiny, tmp_path / "rm", save_model=True, num_comparisons=16))
+    stats = rlhf.main(rlhf.Args(model_name=tiny["policy"], reward_model=result["model_path"],
+                                runs_dir=str(tmp_path / "ppo"), cuda=False, batch_size=8, num_minibatches=2,
+                                total_episodes=8, response_length=8, min_response_length=0, norm_batches=1,
+                                eval_episodes=0))
+    assert math.isfinite(stats["objective/scores"]) and math.isfinite(stats["losses/policy_loss"])
+
+
+# ---------------------------------------------------------------------------------------------- bad input
+
+
+BAD_FILES = {
+    "empty_line": ('{"prompt": "a", "chosen": " b", "rejected": " c"}\n\n', "line 2 is empty"),
+    "not_json": ('{"prompt": "a", "chosen": " b", "rejected": " c"}\n{"prompt": "a",\n', "line 2 is not JSON"),
+    "missing": ('{"prompt": "a", "chosen": " b"}\n', "line 1 lacks the text field\\(s\\) rejected"),
+    "not_text": ('{"prompt": "a", "chosen": 3, "rejected": " c"}\n', "line 1 lacks the text field\\(s\\) chosen"),
+    "same": ('{"prompt": "a", "chosen": " b", "rejected": " c"}\n{"prompt": "a", "chosen": " b", '
+             '"rejected": " b"}\n', "line 2: chosen and rejected are the same"),
+    "empty_response": ('{"prompt": "a", "chosen": " ", "rejected": " c"}\n', "line 1: an empty response"),
+    "no_lines": ("", "contains no comparisons"),
+    "too_few": ('{"prompt": "a", "chosen": " b", "rejected": " c"}\n' * 4, "--batch-size 8 is larger than"),
+}
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(gold=None), "--preferences: pass a JSONL file"),
+    (dict(gold=None, preferences="/no/such/file.jsonl"), "--preferences /no/such/file.jsonl: no such file"),
+    (dict(preferences="x.jsonl"), "--preferences x.jsonl: --gold writes"),
+    (dict(gold="sentiment"), "--gold sentiment: not `vader`, `length`"),
+    (dict(gold_beta=0.0), "--gold-beta"),
+    (dict(learning_rate=0.0), "--learning-rate"),
+    (dict(learning_rate=-1e-5), "--learning-rate"),
+    (dict(learning_rate=float("nan")), "--learning-rate"),
+    (dict(eval_fraction=0.0), "--eval-fraction"),
+    (dict(eval_fraction=1.0), "--eval-fraction"),
+    (dict(batch_size=8, gradient_accumulation_steps=3), "--batch-size 8 is not divisible by"),
+    (dict(batch_size=0), "--batch-size"),
+    (dict(batch_size=32, num_comparisons=32), "--batch-size 32 is larger than the 24 training"),
+    (dict(num_comparisons=0), "--num-comparisons"),
+    (dict(num_epochs=0), "--num-epochs"),
+    (dict(temperature=0.0), "--temperature"),
+    (dict(min_response_length=8), "--min-response-length"),
+    (dict(model_name="./no/such/model"), "--model-name ./no/such/model: no such directory"),
+    (dict(prompts_file="/no/such/prompts.txt"), "--prompts-file /no/such/prompts.txt: no such file"),
+    (dict(gold=None, preferences=__file__, prompts_file=__file__), "--prompts-file: only --gold"),
+    *[(dict(gold=None, preferences=name), message) for name, (_, message) in BAD_FILES.items()],
+])
+def test_bad_input_fails_before_any_model_loads(tiny, tmp_path, monkeypatch, overrides, message):
+    for name, (text, _) in BAD_FILES.items():
+        (tmp_path / name).write_text(text)
+    if overrides.get("preferences") in BAD_FILES:
+        overrides["preferences"] = str(tmp_path / overrides["preferences"])
+
+    def no_loading(*a, **kw):
+        raise AssertionError("a model or tokenizer was loaded before the error")
+
+    monkeypatch.setattr(rm, "from_pretrained", no_loading)
+    with pytest.raises(SystemExit, match=f"^error: .*{message}") as error:
+        rm.main(tiny_args(tiny, tmp_path, **overrides))
+    assert "\n" not in str(error.value)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_unloadable_models_and_bad_labels_fail_with_the_flag(tiny, tmp_path):
+    with pytest.raises(SystemExit, match="--model-name 'no-such-org/no-such-model'.*local directory"):
+        rm.main(tiny_args(tiny, tmp_path, model_name="no-such-org/no-such-model"))
+    with pytest.raises(SystemExit, match="--stop-token"):
+        rm.main(tiny_args(tiny, tmp_path, stop_token="a multi token stop"))
+    folder = tiny["root"] / "classifier"
+    GPT2ForSequenceClassification(GPT2Config(vocab_size=400, n_positions=64, n_embd=16, n_layer=1, n_head=2,
+                                             num_labels=2)).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(tiny["policy"]).save_pretrained(folder)
+    with pytest.raises(SystemExit, match="--gold-label 5"):
+        rm.main(tiny_args(tiny, tmp_path, gold=str(folder), gold_label=5))
+
+
+def test_a_classifier_folder_as_gold(tiny, tmp_path):
+    """--gold FOLDER: a saved reward model of this script labels the comparisons with its normalized score."""
+    first = rm.main(tiny_args(tiny, tmp_path / "first", save_model=True, num_comparisons=16))
+    second = rm.main(tiny_args(tiny, tmp_path / "second", gold=first["model_path"], num_comparisons=16))
+    model = AutoModelForSequenceClassification.from_pretrained(first["model_path"])
+    tokenizer = AutoTokenizer.from_pretrained(first["model_path"])
+    c = read_lines(second["preferences"])[0]
+    with torch.no_grad():
+        logits = model(**tokenizer([c["prompt"] + c["chosen"]], return_tensors="pt")).logits
+    assert c["gold_chosen"] == pytest.approx(logits[0, 0].item() + model.config.reward_bias, abs=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------- Ctrl-C
+
+
+def test_ctrl_c_keeps_the_file_the_logs_and_saves(tiny, tmp_path, monkeypatch):
+    real_loss, calls = rm.preference_loss, 0
+
+    def preference_loss(*a):
+        nonlocal calls
+        calls += 1
+        if calls == 3:  # 1: the step-0 evaluation, 2: step 1, 3: step 2
+            raise KeyboardInterrupt
+        return real_loss(*a)
+
+    monkeypatch.setattr(rm, "preference_loss", preference_loss)
+    try:
+        result = rm.main(tiny_args(tiny, tmp_path, save_model=True))
+    except KeyboardInterrupt:
+        pytest.fail("a Ctrl-C during training escaped main() instead of ending the run cleanly")
+    assert calls == 3 and result["steps"] == 2
+    assert len(read_lines(result["preferences"])) == 32
+    scalars = read_scalars(result["run_dir"])
+    assert [s for s, _ in scalars["losses/reward_loss"]] == [1]  # the closed file holds step 1
+    assert [s for s, _ in scalars["eval/accuracy"]] == [0]
+    assert "eval_accuracy" not in result
+    AutoModelForSequenceClassification.from_pretrained(result["model_path"])
+
+
+def test_ctrl_c_while_saving_closes_the_logs(tiny, tmp_path, monkeypatch):
+    def save_pretrained(self, *a, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(GPT2ForSequenceClassification, "save_pretrained", save_pretrained)
+    try:
+        result = rm.main(tiny_args(tiny, tmp_path, save_model=True))
+    except KeyboardInterrupt:
+        pytest.fail("a Ctrl-C while saving escaped main() instead of ending the run cleanly")
+    assert len(read_scalars(result["run_dir"])["losses/reward_loss"]) == result["steps"] == 3
+
+
+# ---------------------------------------------------------------------------------------------- reading
+
+
+def test_prompts_are_ppo_rlhf_gpt2_s():
+    assert rm.PROMPTS == rlhf.PROMPTS
+    path = Path(rm.__file__)
+    assert "import ppo_rlhf_gpt2" not in path.read_text() and "from ppo_rlhf_gpt2" not in path.read_text()
+
+
+def test_house_style():
+    source = Path(rm.__file__).read_text()
+    assert max(len(line) for line in source.splitlines()) <= 110
+    assert len(ast.get_docstring(ast.parse(source), clean=False).splitlines()) <= 60
+    assert [line for line in source.splitlines() if line.startswith("# Plumbing")] != []
+    assert len([line for line in source.splitlines() if line.startswith("# Plumbing")]) == 1
+    missing = [f.name for f in dataclasses.fields(rm.Args) if not get_field_docstring(rm.Args, f.name, ())]
+    assert not missing
