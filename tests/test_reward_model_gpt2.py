@@ -248,6 +248,44 @@ def test_texts_are_those_ppo_rlhf_gpt2_scores(tiny, tmp_path, monkeypatch):
         assert c["prompt"] + c["chosen"] in ppo_texts and c["prompt"] + c["rejected"] in ppo_texts
 
 
+def test_identical_responses_are_dropped(tiny, tmp_path, monkeypatch):
+    """Every other prompt gets the same response twice: those pairs are not written, and sampling goes on
+    until --num-comparisons pairs of different responses are in the file."""
+    real_generate, calls = rm.generate, 0
+
+    def generate(policy, queries, *a):
+        nonlocal calls
+        calls += 1
+        responses = real_generate(policy, queries, *a).clone()
+        n = len(responses) // 2
+        responses[n::2] = responses[:n:2]  # response b = response a for prompts 0, 2, 4, ...
+        return responses
+
+    monkeypatch.setattr(rm, "generate", generate)
+    result = rm.main(tiny_args(tiny, tmp_path, num_comparisons=12, forward_batch_size=8, batch_size=4))
+    lines = read_lines(result["preferences"])
+    assert calls == 3 and len(lines) == 12
+    assert all(c["chosen"] != c["rejected"] for c in lines)
+
+
+def test_accumulated_micro_batches_give_the_gradient_of_the_whole_batch(tiny, tmp_path, monkeypatch):
+    grads = []
+    real_clip = torch.nn.utils.clip_grad_norm_
+
+    def clip(parameters, *a, **kw):
+        parameters = list(parameters)
+        grads.append([p.grad.clone() for p in parameters])
+        return real_clip(parameters, *a, **kw)
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip)
+    for steps in (1, 4):
+        rm.main(tiny_args(tiny, tmp_path / str(steps), num_comparisons=12, batch_size=8, eval_fraction=0.3,
+                          gradient_accumulation_steps=steps))
+    whole, accumulated = grads
+    for a, b in zip(whole, accumulated):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+
+
 def test_learning_a_separable_preference_and_the_logs(tiny, tmp_path):
     """gold `length` with beta ~ 0: the longer response is chosen (ties aside). A few epochs must put the
     held-out accuracy near the gold labeler's; an untrained or broken model stays near 1/2."""
