@@ -37,7 +37,8 @@ def tiny(tmp_path_factory):
     tokenizer.train_from_iterator(texts, trainers.BpeTrainer(
         vocab_size=400, special_tokens=[EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False))
-    hf_tokenizer = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=EOS, eos_token=EOS, unk_token=EOS)
+    hf_tokenizer = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=EOS, eos_token=EOS,
+                                           unk_token=EOS)
     eos_id = hf_tokenizer.eos_token_id
     torch.manual_seed(0)
     config = GPT2Config(vocab_size=len(hf_tokenizer), n_positions=128, n_embd=32, n_layer=2, n_head=2,
@@ -113,7 +114,8 @@ def test_bradley_terry_labels():
     labels = rm.bradley_terry_labels(gold_a, gold_b, 0.2, torch.Generator().manual_seed(1))
     for i, (a, b) in enumerate([(0.3, 0.1), (-0.2, 0.4), (0.5, 0.5), (0.1, -0.3)]):
         p = 1 / (1 + math.exp(-(a - b) / 0.2))
-        assert labels[i::4].float().mean().item() == pytest.approx(p, abs=4 * math.sqrt(p * (1 - p) / 2000) + 1e-3)
+        tolerance = 4 * math.sqrt(p * (1 - p) / 2000) + 1e-3  # four standard errors
+        assert labels[i::4].float().mean().item() == pytest.approx(p, abs=tolerance)
     again = rm.bradley_terry_labels(gold_a, gold_b, 0.2, torch.Generator().manual_seed(1))
     assert torch.equal(labels, again)
 
@@ -159,7 +161,7 @@ def test_score_is_read_at_the_last_real_token_whatever_the_padding(tiny):
     width = max(len(i) for i in ids) + 2
     torch.manual_seed(1)
     for side in ("left", "right"):
-        input_ids = torch.randint(0, 300, (len(ids), width))  # garbage in the padding, changes the scores if read
+        input_ids = torch.randint(0, 300, (len(ids), width))  # garbage in the padding: changes scores if read
         attention_mask = torch.zeros(len(ids), width, dtype=torch.long)
         for row, i in enumerate(ids):
             cols = slice(width - len(i), width) if side == "left" else slice(0, len(i))
@@ -222,7 +224,8 @@ def test_preferences_file_fields_labels_and_seed(tiny, tmp_path):
     assert read_lines(rm.main(tiny_args(tiny, tmp_path / "b", **args))["preferences"]) == lines
     assert read_lines(rm.main(tiny_args(tiny, tmp_path / "c", seed=2, **args))["preferences"]) != lines
     # the file is a valid --preferences for another run
-    again = rm.main(tiny_args(tiny, tmp_path / "d", gold=None, preferences=first["preferences"], batch_size=6))
+    again = rm.main(tiny_args(tiny, tmp_path / "d", gold=None, preferences=first["preferences"],
+                              batch_size=6))
     assert again["gold_accuracy"] == first["gold_accuracy"]
 
 
@@ -389,9 +392,11 @@ def test_round_trip_into_ppo_rlhf_gpt2(tiny, tmp_path):
 
 BAD_FILES = {
     "empty_line": ('{"prompt": "a", "chosen": " b", "rejected": " c"}\n\n', "line 2 is empty"),
-    "not_json": ('{"prompt": "a", "chosen": " b", "rejected": " c"}\n{"prompt": "a",\n', "line 2 is not JSON"),
+    "not_json": ('{"prompt": "a", "chosen": " b", "rejected": " c"}\n{"prompt": "a",\n',
+                 "line 2 is not JSON"),
     "missing": ('{"prompt": "a", "chosen": " b"}\n', "line 1 lacks the text field\\(s\\) rejected"),
-    "not_text": ('{"prompt": "a", "chosen": 3, "rejected": " c"}\n', "line 1 lacks the text field\\(s\\) chosen"),
+    "not_text": ('{"prompt": "a", "chosen": 3, "rejected": " c"}\n',
+                 "line 1 lacks the text field\\(s\\) chosen"),
     "same": ('{"prompt": "a", "chosen": " b", "rejected": " c"}\n{"prompt": "a", "chosen": " b", '
              '"rejected": " b"}\n', "line 2: chosen and rejected are the same"),
     "empty_response": ('{"prompt": "a", "chosen": " ", "rejected": " c"}\n', "line 1: an empty response"),
@@ -516,7 +521,7 @@ def test_house_style():
     source = Path(rm.__file__).read_text()
     assert max(len(line) for line in source.splitlines()) <= 110
     assert len(ast.get_docstring(ast.parse(source), clean=False).splitlines()) <= 60
-    assert [line for line in source.splitlines() if line.startswith("# Plumbing")] != []
-    assert len([line for line in source.splitlines() if line.startswith("# Plumbing")]) == 1
+    plumbing = [i for i, line in enumerate(source.splitlines()) if line.startswith("# Plumbing")]
+    assert len(plumbing) == 1 and source.splitlines().index("def main(args: Args) -> dict:") < plumbing[0]
     missing = [f.name for f in dataclasses.fields(rm.Args) if not get_field_docstring(rm.Args, f.name, ())]
     assert not missing
