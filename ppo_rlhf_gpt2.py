@@ -5,7 +5,8 @@ tokens so far, the action is the next token, the policy is the language model, a
 response, which ends at its first stop token (or after `response_length` tokens). The reward is the reward
 model's score at the end of the response minus a per-token KL penalty against a frozen reference model.
 Four models: the policy and the value model (its own backbone, a scalar head) are trained; the reference (the
-initial policy) and the reward model are frozen. The default task is lm-human-preferences' sentiment one.
+initial policy) and the reward model are frozen. Task: sentiment (the default) or `--reward-model arithmetic`,
+a verifiable reward (RLVR): "What is 3 + 4? The answer is" gets +1 if the answer's first number is 7, else -1.
 
 Papers: Ziegler et al. 2019, "Fine-Tuning Language Models from Human Preferences" (arXiv:1909.08593);
 Huang et al. 2024, "The N+ Implementation Details of RLHF with PPO" (arXiv:2403.17031);
@@ -15,6 +16,7 @@ Usage:
     python ppo_rlhf_gpt2.py --model-name gpt2 --reward-model lvwerra/distilbert-imdb
     python ppo_rlhf_gpt2.py --model-name ./my-gpt2 --reward-model vader --save-model   # offline
     python ppo_rlhf_gpt2.py --eval-checkpoint runs/<run>/model --reward-model vader   # score a saved policy
+    python ppo_rlhf_gpt2.py --reward-model arithmetic --response-length 8 --min-response-length 0  # RLVR
     torchrun --nproc_per_node 8 ppo_rlhf_gpt2.py --batch-size 512   # data parallel: 64 responses per GPU
     tensorboard --logdir runs
 
@@ -33,8 +35,7 @@ Implementation details, numbered as in every PPO file here (1-13: "The 37 Implem
 23 on: those of RLHF, after the N+ paper); the code marks each one as "detail N" where it happens:
  1. A batch of prompts plays the part of the vectorized envs: one response (episode) per query.
  2. The value head starts at zero (as in lm-human-preferences), so the first values are 0, not noise.
- 3. Adam with eps = 1e-5.       4. The learning rate decays linearly to 0.
- 5. GAE over the real tokens of each response, no bootstrap after the last one.
+ 3. Adam with eps = 1e-5.   4. The learning rate decays linearly to 0.   5. GAE over the real tokens.
  6. Epochs over shuffled minibatches; a minibatch may be split into micro-batches whose gradients are
     accumulated, each weighted by its share of the minibatch's real tokens.
  7. Advantage whitening over the whole batch, masked (padding enters neither the mean nor the std).
@@ -64,6 +65,7 @@ import importlib.util
 import json
 import os
 import random
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -93,12 +95,16 @@ class Args:
     log_samples_every: int = 10  # log a table of (query, response, score) every this many iterations
     eval_episodes: int = 256  # held-out responses scoring the initial and final policy (0: no evaluation)
     eval_checkpoint: str | None = None  # a --save-model folder: only score it on the held-out prompts
+    eval_every: int = 0  # also score the held-out prompts every this many iterations (0: before and after)
+    eval_greedy: bool = False  # also score greedy decoding (the most likely token at every step)
 
     # models and task
     model_name: str = "gpt2"  # the policy: a causal LM's hub id or local directory
     value_model: str | None = None  # the value model's backbone (default: a copy of the policy's)
-    reward_model: str = "lvwerra/distilbert-imdb"  # a classifier id or folder, `vader` or `length`
-    reward_label: int = 1  # the reward model's logit used as the score (1: POSITIVE in distilbert-imdb)
+    reward_model: str = "lvwerra/distilbert-imdb"  # a classifier id or folder, vader, length or arithmetic
+    arithmetic_digits: int = 1  # --reward-model arithmetic: the number of digits of each operand
+    reward_label: int = 1  # the classifier's logit used as the score (1: POSITIVE in distilbert-imdb; a
+    # one-label reward model, such as reward_model_gpt2.py's, has one logit, which is always used)
     prompts_file: str | None = None  # one prompt per line (default: the built-in movie-review openings)
     max_query_length: int = 32  # longer queries lose their first tokens (lm-human-preferences: 64)
     response_length: int = 24  # number of tokens sampled for each response
@@ -158,17 +164,35 @@ def query_batches(prompts: list[str], tokenizer, args: Args, device: torch.devic
         yield tokenize_queries(tokenizer, batch, args.max_query_length, device)
 
 
+def arithmetic_problems(digits: int, held_out: bool) -> list[str]:
+    """The prompts of --reward-model arithmetic: every sum of two numbers of `digits` digits, split once by a
+    fixed seed (whatever --seed) into training and held-out problems; a + b and b + a on the same side."""
+    numbers = range(0 if digits == 1 else 10 ** (digits - 1), 10**digits)
+    pairs = [(a, b) for a in numbers for b in numbers if a <= b]
+    random.Random(0).shuffle(pairs)
+    pairs = pairs[: len(pairs) // 4] if held_out else pairs[len(pairs) // 4 :]
+    return [f"What is {a} + {b}? The answer is" for x, y in pairs for a, b in dict.fromkeys([(x, y), (y, x)])]
+
+
+def verify_sum(text: str, response: str) -> float:
+    """The verifier: +1 if the first number in the response is the sum asked for in the text, else -1."""
+    a, b = re.search(r"What is (\d+) \+ (\d+)\?", text).groups()
+    answer = re.search(r"-?\d+(\.\d+)?", response)  # "7.5" is not 7
+    return 1.0 if answer is not None and float(answer.group()) == int(a) + int(b) else -1.0
+
+
 def tokenize_queries(tokenizer, prompts: list[str], max_query_length: int, device) -> torch.Tensor:
     # detail 24: the tokenizer pads (and truncates) on the left
     return tokenizer(prompts, padding=True, truncation=True, max_length=max_query_length,
                      return_tensors="pt")["input_ids"].to(device)
 
 
-def sample_and_score(policy, queries, tokenizer, stop_token_id: int, reward_fn, args: Args):
+def sample_and_score(policy, queries, tokenizer, stop_token_id: int, reward_fn, args: Args, greedy=False):
     """Returns responses (truncated after the stop token), logprobs, padding_mask (True after the last real
     token), contain_stop and the raw scores of the reward function, which reads text."""
     pad_token_id = tokenizer.pad_token_id
-    responses, logprobs = generate(policy, queries, args.response_length, args.temperature, pad_token_id)
+    responses, logprobs = generate(policy, queries, args.response_length, args.temperature, pad_token_id,
+                                   greedy)
     responses, padding_mask, contain_stop = truncate_after_stop_token(responses, stop_token_id, pad_token_id,
                                                                       args.min_response_length)
     texts = tokenizer.batch_decode(torch.cat([queries, responses], dim=1), skip_special_tokens=True)
@@ -239,9 +263,11 @@ def gather_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
 
 
 @torch.inference_mode()  # no autograd bookkeeping: faster, less memory
-def generate(policy, queries: torch.Tensor, response_length: int, temperature: float, pad_token_id: int):
-    """Sample response_length tokens after each left-padded query, with the KV cache. Returns the responses
-    and the log-probs of the sampled tokens, both (batch, response_length)."""
+def generate(policy, queries: torch.Tensor, response_length: int, temperature: float, pad_token_id: int,
+             greedy: bool = False):
+    """Sample response_length tokens after each left-padded query, with the KV cache (greedy: the most likely
+    token instead, for evaluation). Returns the responses and the log-probs of their tokens, both (batch,
+    response_length)."""
     inputs = model_inputs(queries, pad_token_id)  # details 24, 25: left padding, positions from the mask
     attention_mask, position_ids = inputs["attention_mask"], inputs["position_ids"]
     input_ids, past_key_values = inputs["input_ids"], None
@@ -252,7 +278,7 @@ def generate(policy, queries: torch.Tensor, response_length: int, temperature: f
         past_key_values = output.past_key_values
         logits = scale_logits(output.logits[:, -1], temperature, pad_token_id)  # detail 26
         # detail 27: pure sampling from the full distribution (no top-k, no top-p)
-        token = torch.multinomial(logits.softmax(-1), num_samples=1)
+        token = logits.argmax(-1, keepdim=True) if greedy else torch.multinomial(logits.softmax(-1), 1)
         responses.append(token)
         logprobs.append(gather_logprobs(logits, token.squeeze(-1)))
         # The next step feeds only the new token; the cache holds the rest.
@@ -411,7 +437,7 @@ def main(args: Args) -> dict:
         device = init_process_group(args, device)
 
     run_dir = os.path.join(args.runs_dir, f"{args.exp_name}__{args.seed}__{int(time.time())}")
-    prompts = load_prompts(args.prompts_file)  # the loading functions are below main()
+    prompts, eval_prompts = load_prompts(args)  # training, held-out; the loading functions are below main()
     tokenizer, pad_token_id, stop_token_id = load_tokenizer(args.model_name, args.stop_token)
     query_iter = query_batches(prompts, tokenizer, args, device)  # detail 1
     policy = load_policy(args.model_name, device)
@@ -448,9 +474,18 @@ def main(args: Args) -> dict:
     writer = SummaryWriter(run_dir) if args.rank == 0 else NoWriter()  # torchrun: process 0 logs
     writer.add_text("hyperparameters", markdown_table(list(vars(args).items()), ("param", "value")))
     eval_stats = {}
+
+    def held_out_evaluation(model, when: str, iteration: int):
+        """Score the held-out prompts, sampled (and greedy with --eval-greedy); log and keep the results."""
+        for greedy in [False, True] if args.eval_greedy else [False]:
+            result = evaluate(model, eval_prompts, tokenizer, stop_token_id, reward_fn, args, device, greedy)
+            eval_stats[when + ("_greedy" if greedy else "")] = result
+            for key, tag in [("raw_score_mean", "raw_scores"), ("accuracy", "accuracy")]:  # accuracy: RLVR
+                if key in result:
+                    writer.add_scalar(f"eval/{'greedy_' if greedy else ''}{tag}", result[key], iteration)
+
     if args.eval_episodes > 0 and args.rank == 0:  # torchrun: process 0 evaluates
-        eval_stats["initial"] = evaluate(ref_policy, tokenizer, stop_token_id, reward_fn, args, device)
-        writer.add_scalar("eval/raw_scores", eval_stats["initial"]["raw_score_mean"], 0)
+        held_out_evaluation(ref_policy, "initial", 0)
     kl_coef = args.kl_coef
     stats, iteration, interrupted = {}, 0, False
     start_time = time.time()
@@ -571,6 +606,10 @@ def main(args: Args) -> dict:
             print(f"iteration {iteration}/{args.num_iterations} score {stats['objective/scores']:.3f} "
                   f"kl {stats['objective/kl']:.3f} kl_coef {kl_coef:.4f} SPS {stats['charts/SPS']:.1f}")
 
+            if args.eval_every > 0 and iteration % args.eval_every == 0 and iteration < args.num_iterations:
+                if args.eval_episodes > 0 and args.rank == 0:
+                    held_out_evaluation(policy, f"iteration_{iteration}", iteration)
+
             if args.kl_target is not None:  # detail 33: the next iteration's KL coefficient
                 kl_coef = adaptive_kl_coef(kl_coef, stats["objective/kl"], args.kl_target, args.kl_horizon,
                                            args.batch_size, args.kl_coef)
@@ -585,12 +624,16 @@ def main(args: Args) -> dict:
             save_policy(policy, args.model_name, model_path)
             print(f"policy saved to {model_path}")
         if args.eval_episodes > 0 and not interrupted and args.rank == 0:
-            eval_stats["final"] = evaluate(policy, tokenizer, stop_token_id, reward_fn, args, device)
-            writer.add_scalar("eval/raw_scores", eval_stats["final"]["raw_score_mean"], iteration)
+            held_out_evaluation(policy, "final", iteration)
             initial, final = eval_stats["initial"]["raw_score_mean"], eval_stats["final"]["raw_score_mean"]
             eval_stats["score_gain"] = (final - initial) * score_gain
             print(f"held-out prompts: raw score {initial:.3f} -> {final:.3f} "
                   f"({eval_stats['score_gain']:+.3f} in normalized units)")
+            for mode in ["", "_greedy"] if "accuracy" in eval_stats["final"] else []:
+                before, after = eval_stats["initial" + mode], eval_stats["final" + mode]
+                print(f"held-out accuracy{mode.replace('_', ', ')}: {before['accuracy']:.1%} +- "
+                      f"{before['accuracy_stderr']:.1%} -> {after['accuracy']:.1%} +- "
+                      f"{after['accuracy_stderr']:.1%}")
     except KeyboardInterrupt:  # saving or evaluating GPT-2 takes seconds
         print("interrupted while saving or evaluating: keeping the logs; the model folder may be incomplete")
     finally:
@@ -605,11 +648,12 @@ def main(args: Args) -> dict:
 
 
 @torch.inference_mode()
-def evaluate(policy, tokenizer, stop_token_id: int, reward_fn, args: Args, device) -> dict:
-    """Sample args.eval_episodes responses to EVAL_PROMPTS (never trained on) with the training temperature
-    and truncation, and score them with the reward model, raw (no normalization, no EOS trick). The random
-    draws come from their own generator state, so evaluating does not change the training run."""
-    prompts = [EVAL_PROMPTS[i % len(EVAL_PROMPTS)] for i in range(args.eval_episodes)]
+def evaluate(policy, eval_prompts, tokenizer, stop_token_id: int, reward_fn, args: Args, device,
+             greedy=False) -> dict:
+    """Sample args.eval_episodes responses to the held-out prompts (never trained on) with the training
+    temperature and truncation (or greedy), and score them with the reward model, raw (no normalization, no
+    EOS trick). The random draws come from their own generator state: evaluating does not change training."""
+    prompts = [eval_prompts[i % len(eval_prompts)] for i in range(args.eval_episodes)]
     raw_scores, contain_stop, samples = [], [], []
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(args.seed)
@@ -617,14 +661,20 @@ def evaluate(policy, tokenizer, stop_token_id: int, reward_fn, args: Args, devic
             batch = prompts[i : i + args.local_batch_size]
             queries = tokenize_queries(tokenizer, batch, args.max_query_length, device)
             responses, _, _, stopped, scores = sample_and_score(policy, queries, tokenizer, stop_token_id,
-                                                                reward_fn, args)
+                                                                reward_fn, args, greedy)
             raw_scores.append(scores)
             contain_stop.append(stopped)
             samples += list(zip(batch, tokenizer.batch_decode(responses, skip_special_tokens=True)))
     raw_scores, contain_stop = torch.cat(raw_scores).float(), torch.cat(contain_stop).float()
-    stderr = (raw_scores.std() / len(raw_scores) ** 0.5).item() if len(raw_scores) > 1 else 0.0
-    return {"raw_score_mean": raw_scores.mean().item(), "raw_score_stderr": stderr,
-            "stop_share": contain_stop.mean().item(), "raw_scores": raw_scores.tolist(), "samples": samples}
+
+    def mean_and_stderr(x):
+        return x.mean().item(), (x.std() / len(x) ** 0.5).item() if len(x) > 1 else 0.0
+
+    result = {"stop_share": contain_stop.mean().item(), "raw_scores": raw_scores.tolist(), "samples": samples}
+    result["raw_score_mean"], result["raw_score_stderr"] = mean_and_stderr(raw_scores)
+    if args.reward_model == "arithmetic":
+        result["accuracy"], result["accuracy_stderr"] = mean_and_stderr((raw_scores > 0).float())
+    return result
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -635,11 +685,18 @@ def evaluate_checkpoint(args: Args, device: torch.device) -> dict:
     """--eval-checkpoint: score a saved policy on the held-out prompts; nothing is trained or written."""
     tokenizer, _, stop_token_id = load_tokenizer(args.eval_checkpoint, args.stop_token, "--eval-checkpoint")
     policy = load_policy(args.eval_checkpoint, device, "--eval-checkpoint")
-    result = evaluate(policy, tokenizer, stop_token_id, load_reward_fn(args, device), args, device)
-    print(f"{args.eval_checkpoint}: raw score {result['raw_score_mean']:.4f} +- "
-          f"{result['raw_score_stderr']:.4f} (standard error) over {args.eval_episodes} responses, "
-          f"{result['stop_share']:.0%} with the stop token")
-    return {"eval": {"final": result}}
+    eval_stats = {}
+    for greedy in [False, True] if args.eval_greedy else [False]:
+        eval_prompts = load_prompts(args)[1]
+        result = evaluate(policy, eval_prompts, tokenizer, stop_token_id, load_reward_fn(args, device), args,
+                          device, greedy)
+        accuracy = f", accuracy {result['accuracy']:.1%}" if "accuracy" in result else ""
+        print(f"{args.eval_checkpoint}{' (greedy)' if greedy else ''}: raw score "
+              f"{result['raw_score_mean']:.4f} "
+              f"+- {result['raw_score_stderr']:.4f} (standard error) over {args.eval_episodes} responses, "
+              f"{result['stop_share']:.0%} with the stop token{accuracy}")
+        eval_stats["final_greedy" if greedy else "final"] = result
+    return {"eval": eval_stats}
 
 
 def check_args(args: Args) -> None:
@@ -653,9 +710,9 @@ def check_args(args: Args) -> None:
 
     require(("response_length", "max_query_length", "batch_size", "num_minibatches", "update_epochs",
              "gradient_accumulation_steps", "local_rollout_forward_batch_size", "norm_batches",
-             "log_samples_every", "num_threads"), lambda v: v >= 1, "at least 1")
-    require(("eval_episodes", "kl_coef"), lambda v: v >= 0, "at least 0")
-    require(("temperature", "learning_rate", "clip_coef"), lambda v: v > 0, "positive")
+             "log_samples_every", "num_threads", "arithmetic_digits"), lambda v: v >= 1, "at least 1")
+    require(("eval_episodes", "eval_every", "kl_coef"), lambda v: v >= 0, "at least 0")
+    require(("temperature", "learning_rate", "clip_coef", "max_grad_norm"), lambda v: v > 0, "positive")
     require(("vf_learning_rate",), lambda v: v is None or v > 0, "positive or None")
     require(("gamma", "gae_lambda"), lambda v: 0 < v <= 1, "in (0, 1]")
     require(("kl_estimator",), lambda v: v in ("k1", "k3"), "k1 or k3")
@@ -695,6 +752,9 @@ def check_args(args: Args) -> None:
             raise SystemExit(f"error: {flag} {name}: no such directory")
     if args.eval_checkpoint is not None:
         check_saved_policy(os.path.expanduser(args.eval_checkpoint))
+    if args.prompts_file is not None and args.reward_model == "arithmetic":
+        raise SystemExit("error: --prompts-file: --reward-model arithmetic makes its own prompts; pass one "
+                         "or the other")
     if args.prompts_file is not None and not os.path.isfile(args.prompts_file):
         raise SystemExit(f"error: --prompts-file {args.prompts_file}: no such file")
     if args.reward_model == "vader" and importlib.util.find_spec("vaderSentiment") is None:
@@ -839,6 +899,9 @@ def load_reward_fn(args: Args, device: torch.device):
         # the toy reward of the KL-vs-collapse experiment: the response's length in characters, scaled
         return lambda texts, responses: torch.tensor([len(r) / args.response_length for r in responses],
                                                      device=device)
+    if args.reward_model == "arithmetic":
+        return lambda texts, responses: torch.tensor([verify_sum(t, r) for t, r in zip(texts, responses)],
+                                                     device=device)
     if args.reward_model == "vader":
         from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
 
@@ -851,7 +914,12 @@ def load_reward_fn(args: Args, device: torch.device):
                                    dtype=torch.float32).to(device)
     reward_model.eval().requires_grad_(False)  # detail 28
     reward_model.config.use_cache = False  # one pass, no KV cache (for models that have one)
-    if not 0 <= args.reward_label < reward_model.config.num_labels:
+    # a scalar reward model (one label, as reward_model_gpt2.py writes) has one score; a classifier has one
+    # per label
+    label = 0 if reward_model.config.num_labels == 1 else args.reward_label
+    # reward_model_gpt2.py's normalization: its gain is in the weights, its shift (a head has no bias) here
+    reward_bias = getattr(reward_model.config, "reward_bias", 0.0)
+    if not 0 <= label < reward_model.config.num_labels:
         raise SystemExit(f"error: --reward-label {args.reward_label} is not one of the reward model's "
                          f"{reward_model.config.num_labels} labels {reward_model.config.id2label}")
     if reward_tokenizer.pad_token is None:
@@ -863,7 +931,7 @@ def load_reward_fn(args: Args, device: torch.device):
     def reward_fn(texts: list[str], responses: list[str]) -> torch.Tensor:
         # The reward model reads the text with its own tokenizer, not the policy's token ids.
         inputs = reward_tokenizer(texts, padding=True, truncation=True, return_tensors="pt").to(device)
-        return reward_model(**inputs).logits[:, args.reward_label].float()
+        return reward_model(**inputs).logits[:, label].float() + reward_bias
 
     return reward_fn
 
@@ -879,14 +947,18 @@ def save_policy(policy: nn.Module, model_name: str, path: str) -> None:
     tokenizer.save_pretrained(path)
 
 
-def load_prompts(prompts_file: str | None) -> list[str]:
-    if prompts_file is None:
-        return list(PROMPTS)
-    with open(prompts_file) as f:
+def load_prompts(args: Args) -> tuple[list[str], list[str]]:
+    """The training prompts and the held-out ones."""
+    if args.reward_model == "arithmetic":
+        return (arithmetic_problems(args.arithmetic_digits, held_out=False),
+                arithmetic_problems(args.arithmetic_digits, held_out=True))
+    if args.prompts_file is None:
+        return list(PROMPTS), list(EVAL_PROMPTS)
+    with open(args.prompts_file) as f:
         prompts = [line.strip() for line in f if line.strip()]
     if not prompts:
-        raise SystemExit(f"error: --prompts-file {prompts_file} contains no prompts")
-    return prompts
+        raise SystemExit(f"error: --prompts-file {args.prompts_file} contains no prompts")
+    return prompts, list(EVAL_PROMPTS)
 
 
 def markdown_table(rows: list[tuple], header: tuple) -> str:

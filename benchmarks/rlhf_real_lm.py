@@ -46,8 +46,20 @@ def main() -> None:
     scalars = {tag: np.array([e.value for e in events.Scalars(tag)]) for tag in events.Tags()["scalars"]}
     episodes = np.arange(1, len(scalars["objective/scores"]) + 1) * args.batch_size
 
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
-    for ax, tag in zip(axes, ("objective/scores", "objective/kl", "objective/rlhf_reward")):
+    verifier = "eval/accuracy" in scalars  # --reward-model arithmetic: held-out accuracy is the measure
+    tags = ("objective/raw_scores", "objective/kl", "charts/episodic_length") if verifier else (
+        "objective/scores", "objective/kl", "objective/rlhf_reward")
+    fig, axes = plt.subplots(1, 4 if verifier else 3, figsize=(17 if verifier else 13, 3.6))
+    if verifier:
+        eval_steps = np.array([e.step for e in events.Scalars("eval/accuracy")]) * args.batch_size
+        for tag, label in (("eval/accuracy", "sampled"), ("eval/greedy_accuracy", "greedy")):
+            if tag in scalars:
+                axes[3].plot(eval_steps, scalars[tag], marker="o", label=label)
+        axes[3].set_title("held-out accuracy")
+        axes[3].set_xlabel("episodes (responses)")
+        axes[3].set_ylim(0, 1)
+        axes[3].legend(fontsize=8)
+    for ax, tag in zip(axes, tags):
         ax.plot(episodes, scalars[tag], alpha=0.35, color="C0")
         window = min(10, len(episodes))
         smooth = np.convolve(scalars[tag], np.ones(window) / window, mode="valid")
@@ -62,6 +74,17 @@ def main() -> None:
     seconds = scalars["time/rollout"] + scalars["time/update"]
     peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
     first, last = (slice(0, max(1, len(episodes) // 10)), slice(-max(1, len(episodes) // 10), None))
+
+    def accuracy_rows():
+        rows = ["| policy | decoding | accuracy, mean ± standard error | responses with the stop token |",
+                "|---|---|---|---|"]
+        for when, evaluation in result["eval"].items():
+            if isinstance(evaluation, dict) and "accuracy" in evaluation:
+                name, greedy = when.removesuffix("_greedy"), when.endswith("_greedy")
+                rows.append(f"| {name.replace('_', ' ')} | {'greedy' if greedy else 'sampled'} | "
+                            f"{evaluation['accuracy']:.1%} ± {evaluation['accuracy_stderr']:.1%} | "
+                            f"{evaluation['stop_share']:.1%} |")
+        return rows
 
     def samples(evaluation):
         rows = [f"- ({score:+.3f}) [{q}]{r}".replace("|", "\\|").replace("\n", " ⏎ ")
@@ -81,7 +104,7 @@ def main() -> None:
         "",
         f"![curves]({Path(out).name}.png)",
         "",
-        f"Held-out prompts (`EVAL_PROMPTS`, never trained on), {args.eval_episodes} responses each, sampled as in "
+        f"Held-out prompts ({'held-out problems' if verifier else '`EVAL_PROMPTS`'}, never trained on), {args.eval_episodes} responses each, sampled as in "
         "training; the score is the raw reward (no normalization, no EOS trick):",
         "",
         "| policy | raw score, mean ± standard error | responses with the stop token |",
@@ -89,6 +112,8 @@ def main() -> None:
         f"| initial | {initial['raw_score_mean']:.4f} ± {initial['raw_score_stderr']:.4f} | {initial['stop_share']:.1%} |",
         f"| final | {final['raw_score_mean']:.4f} ± {final['raw_score_stderr']:.4f} | {final['stop_share']:.1%} |",
         "",
+        *([f"Held-out accuracy ({len(set(q for q, _ in initial['samples']))} distinct problems, "
+           f"{args.eval_episodes} responses per evaluation):", "", *accuracy_rows(), ""] if verifier else []),
         f"Gain in normalized units (the std of the initial policy's training scores is 1): "
         f"**{result['eval']['score_gain']:+.3f}**. Training curves, mean of the first and the last "
         f"{first.stop} iterations: objective/scores {scalars['objective/scores'][first].mean():+.3f} -> "
@@ -104,6 +129,8 @@ def main() -> None:
         "",
         *samples(final),
         "",
+        *(["## Greedy samples of the final policy, same prompts", "", *samples(result["eval"]["final_greedy"]), ""]
+          if "final_greedy" in result["eval"] else []),
     ]
     Path(f"{out}.md").write_text("\n".join(lines))
     print("\n".join(lines))

@@ -4,6 +4,7 @@ saved with save_pretrained, and loaded by the script's own loading code."""
 import json
 import math
 import os
+import random
 import re
 import shutil
 import subprocess
@@ -115,6 +116,11 @@ def read_scalars(run_dir) -> dict:
     (dict(clip_coef=-0.2), "--clip-coef"),
     (dict(local_rollout_forward_batch_size=0), "--local-rollout-forward-batch-size"),
     (dict(kl_coef=0.0, kl_target=6.0), "--kl-coef"),
+    (dict(max_grad_norm=0.0), "--max-grad-norm"),
+    (dict(max_grad_norm=-1.0), "--max-grad-norm"),  # a negative clip norm would flip the gradient
+    (dict(eval_every=-1), "--eval-every"),
+    (dict(reward_model="arithmetic", arithmetic_digits=0), "--arithmetic-digits"),
+    (dict(reward_model="arithmetic", prompts_file=__file__), "--prompts-file: --reward-model arithmetic"),
 ])
 def test_bad_arguments_fail_before_loading(tiny, tmp_path, overrides, flag):
     start = time.time()
@@ -172,10 +178,12 @@ def test_prompts(tmp_path):
     assert all(p.strip() == p and p for p in rlhf.PROMPTS)
     path = tmp_path / "prompts.txt"
     path.write_text("first prompt\n\n  second prompt  \n")
-    assert rlhf.load_prompts(str(path)) == ["first prompt", "second prompt"]
+    assert rlhf.load_prompts(rlhf.Args(prompts_file=str(path))) == (["first prompt", "second prompt"],
+                                                                    rlhf.EVAL_PROMPTS)
+    assert rlhf.load_prompts(rlhf.Args()) == (rlhf.PROMPTS, rlhf.EVAL_PROMPTS)
     path.write_text("\n\n")
     with pytest.raises(SystemExit, match="--prompts-file"):
-        rlhf.load_prompts(str(path))
+        rlhf.load_prompts(rlhf.Args(prompts_file=str(path)))
 
 
 def test_tokenizer_gets_a_pad_token_distinct_from_eos(tiny):
@@ -531,6 +539,101 @@ def test_length_reward_counts_the_characters_of_the_response_only():
     assert scores.tolist() == pytest.approx([3 / 8, 9 / 8])
 
 
+@pytest.mark.parametrize("response, reward", [
+    (" 7.", 1.0), (" 7", 1.0), ("7 apples", 1.0), (" 07.", 1.0), (" 7.0", 1.0),  # right
+    (" 8.", -1.0), (" 70", -1.0), (" -7", -1.0), (" 7.5", -1.0),  # wrong: another number
+    (" seven.", -1.0), ("", -1.0), (" the sum.", -1.0),  # missing: no number at all
+    (" 7, not 8.", 1.0), (" 8, no, 7.", -1.0),  # several numbers: the first one counts
+])
+def test_verifier_scores_the_first_number_of_the_response(response, reward):
+    assert rlhf.verify_sum("What is 3 + 4? The answer is" + response, response) == reward
+
+
+def test_verifier_reads_the_question_of_each_text():
+    reward_fn = rlhf.load_reward_fn(rlhf.Args(reward_model="arithmetic"), torch.device("cpu"))
+    texts = ["What is 12 + 30? The answer is 42.", "What is 12 + 30? The answer is 4", "What is 9 + 9? The answer is 18"]
+    assert reward_fn(texts, [" 42.", " 4", " 18"]).tolist() == [1.0, -1.0, 1.0]
+
+
+@pytest.mark.parametrize("digits", [1, 2])
+def test_arithmetic_problems_split_once_disjoint_with_both_orders_on_one_side(digits):
+    random.seed(123)  # the split must not depend on the global random state (or on --seed)
+    train, held_out = rlhf.arithmetic_problems(digits, held_out=False), rlhf.arithmetic_problems(digits, True)
+    random.seed(456)
+    assert rlhf.arithmetic_problems(digits, held_out=False) == train
+    assert rlhf.arithmetic_problems(digits, held_out=True) == held_out
+    operands = range(10) if digits == 1 else range(10, 100)
+    everything = {f"What is {a} + {b}? The answer is" for a in operands for b in operands}
+    assert len(train) == len(set(train)) and len(held_out) == len(set(held_out))
+    assert set(train) | set(held_out) == everything and not set(train) & set(held_out)
+    assert 0.2 < len(held_out) / len(everything) < 0.3
+    for prompt in held_out:  # a + b held out means b + a is held out too: no problem is seen in mirror
+        a, b = prompt.split()[2], prompt.split()[4][:-1]
+        assert f"What is {b} + {a}? The answer is" in held_out
+    assert train[:20] != sorted(train[:20])  # shuffled, not in order
+
+
+def test_greedy_decoding_takes_the_most_likely_token(tiny):
+    torch.manual_seed(3)
+    tokenizer, pad_token_id, _ = rlhf.load_tokenizer(tiny["policy"], ".")
+    policy = AutoModelForCausalLM.from_pretrained(tiny["policy"]).eval()
+    queries = tokenizer(rlhf.PROMPTS[:6], padding=True, return_tensors="pt")["input_ids"]
+    responses, logprobs = rlhf.generate(policy, queries, 6, 0.7, pad_token_id, greedy=True)
+    again, _ = rlhf.generate(policy, queries, 6, 0.7, pad_token_id, greedy=True)
+    assert torch.equal(responses, again)
+    # the full forward pass over query + response: every response token is the argmax after its context
+    logits = rlhf.response_logits(policy, torch.cat([queries, responses], 1), queries.shape[1], 0.7,
+                                  pad_token_id)
+    assert torch.equal(logits.argmax(-1), responses)
+    torch.testing.assert_close(logprobs, logits.log_softmax(-1).max(-1).values, atol=1e-5, rtol=0)
+    sampled, _ = rlhf.generate(policy, queries, 6, 0.7, pad_token_id)
+    assert not torch.equal(sampled, responses)  # sampling (the default) is not greedy
+
+
+def first_number(text: str):
+    """The first number in a text, read character by character (an independent reading of the verifier's rule)."""
+    start = next((i for i, c in enumerate(text) if c.isdigit()), None)
+    if start is None:
+        return None
+    end = start
+    while end < len(text) and text[end].isdigit():
+        end += 1
+    if end + 1 < len(text) and text[end] == "." and text[end + 1].isdigit():
+        end += 1
+        while end < len(text) and text[end].isdigit():
+            end += 1
+    return float(text[start:end]) * (-1 if start > 0 and text[start - 1] == "-" else 1)
+
+
+def test_arithmetic_task_end_to_end(tiny, tmp_path, capsys):
+    """The verifiable-reward task on a tiny model: held-out accuracy before, during (every iteration) and
+    after training, sampled and greedy, in TensorBoard, in the returned stats and in the printed summary."""
+    stats = rlhf.main(tiny_args(tiny, tmp_path, reward_model="arithmetic", total_episodes=24, eval_episodes=30,
+                                eval_every=1, eval_greedy=True, response_length=4))
+    held_out = set(rlhf.arithmetic_problems(1, held_out=True))
+    evaluations = stats["eval"]
+    assert set(evaluations) >= {"initial", "iteration_1", "iteration_2", "final", "initial_greedy",
+                                "iteration_1_greedy", "iteration_2_greedy", "final_greedy"}
+    for name, result in evaluations.items():
+        if not isinstance(result, dict):
+            continue
+        assert len(result["samples"]) == 30 and {q for q, _ in result["samples"]} <= held_out
+        for (query, response), score in zip(result["samples"], result["raw_scores"]):
+            a, b = int(query.split()[2]), int(query.split()[4][:-1])
+            assert score == (1.0 if first_number(response) == a + b else -1.0)
+        assert result["accuracy"] == pytest.approx(sum(s > 0 for s in result["raw_scores"]) / 30)
+    greedy = evaluations["final_greedy"]
+    answers = {}
+    for query, response in greedy["samples"]:  # prompts 0-5 come twice: greedy gives the same answer
+        assert answers.setdefault(query, response) == response
+    scalars = read_scalars(stats["run_dir"])
+    for tag, suffix in [("eval/accuracy", ""), ("eval/greedy_accuracy", "_greedy")]:
+        assert scalars[tag] == pytest.approx([evaluations[w + suffix]["accuracy"] for w in
+                                              ("initial", "iteration_1", "iteration_2", "final")])
+    printed = capsys.readouterr().out
+    assert "held-out accuracy: " in printed and "held-out accuracy, greedy: " in printed
+
+
 # ---------------------------------------------------------------------------------------------- learning
 
 
@@ -816,7 +919,7 @@ sys.path.insert(0, {repo!r})
 import ppo_rlhf_gpt2 as rlhf
 
 @torch.inference_mode()
-def generate(policy, queries, response_length, temperature, pad_token_id):
+def generate(policy, queries, response_length, temperature, pad_token_id, greedy=False):
     rows = []
     for query in queries.tolist():
         generator = torch.Generator().manual_seed(abs(hash(tuple(query))) % 2**31)
