@@ -20,7 +20,7 @@ Usage:
     torchrun --nproc_per_node 8 ppo_rlhf_gpt2.py --batch-size 512   # data parallel: 64 responses per GPU
     tensorboard --logdir runs
 
-What the code computes (t is a response token; "real" tokens are those up to and including the stop token):
+What the code computes (t is a response token; response_mask: True on real tokens, stop token included):
     pi(a_t | s_t) = softmax(logits_t / temperature)[a_t]     (logprobs: log pi; ref_logprobs: the reference's)
     kl_t          = logprobs_t - ref_logprobs_t   (k1; k3: (q - 1) - log q with q = pi_ref / pi)
     rewards_t     = -kl_coef * kl_t (non_score_reward), plus scores at the last real token
@@ -188,19 +188,19 @@ def tokenize_queries(tokenizer, prompts: list[str], max_query_length: int, devic
 
 
 def sample_and_score(policy, queries, tokenizer, stop_token_id: int, reward_fn, args: Args, greedy=False):
-    """Returns responses (truncated after the stop token), logprobs, padding_mask (True after the last real
-    token), contain_stop and the raw scores of the reward function, which reads text."""
+    """Returns responses (truncated after the stop token), logprobs, response_mask (True on the real tokens,
+    the stop token included), contain_stop and the raw scores of the reward function, which reads text."""
     pad_token_id = tokenizer.pad_token_id
     responses, logprobs = generate(policy, queries, args.response_length, args.temperature, pad_token_id,
                                    greedy)
-    responses, padding_mask, contain_stop = truncate_after_stop_token(responses, stop_token_id, pad_token_id,
-                                                                      args.min_response_length)
+    responses, response_mask, contain_stop = truncate_after_stop_token(responses, stop_token_id, pad_token_id,
+                                                                       args.min_response_length)
     texts = tokenizer.batch_decode(torch.cat([queries, responses], dim=1), skip_special_tokens=True)
     response_texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
     chunk = args.local_rollout_forward_batch_size  # the reward model's passes in chunks, to bound memory
     raw_scores = torch.cat([reward_fn(texts[i : i + chunk], response_texts[i : i + chunk])
                             for i in range(0, len(texts), chunk)])
-    return responses, logprobs, padding_mask, contain_stop, raw_scores
+    return responses, logprobs, response_mask, contain_stop, raw_scores
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -295,14 +295,14 @@ def generate(policy, queries: torch.Tensor, response_length: int, temperature: f
 def truncate_after_stop_token(responses: torch.Tensor, stop_token_id: int, pad_token_id: int,
                               min_response_length: int = 0):
     """detail 29: keep each response up to and including its first stop token at index min_response_length
-    or later, and pad what follows. Returns the truncated responses, the padding mask (True after the last
-    real token) and whether each response contains such a stop token."""
+    or later, and pad what follows. Returns the truncated responses, the response mask (True on the real
+    tokens: up to and including that stop token) and whether each response contains such a stop token."""
     is_stop = responses == stop_token_id
     is_stop[:, :min_response_length] = False  # too early to end the response
     contain_stop = is_stop.any(dim=1)
     last_index = torch.where(contain_stop, is_stop.int().argmax(dim=1), responses.shape[1] - 1)
-    padding_mask = torch.arange(responses.shape[1], device=responses.device) > last_index.unsqueeze(1)
-    return responses.masked_fill(padding_mask, pad_token_id), padding_mask, contain_stop
+    response_mask = torch.arange(responses.shape[1], device=responses.device) <= last_index.unsqueeze(1)
+    return responses.masked_fill(~response_mask, pad_token_id), response_mask, contain_stop
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -331,30 +331,31 @@ def score_normalization(raw_scores: torch.Tensor) -> tuple[float, float]:
     return gain, -raw_scores.mean().item() * gain
 
 
-def compute_rewards(scores, contain_stop, missing_eos_penalty, logprobs, ref_logprobs, padding_mask, kl_coef,
+def compute_rewards(scores, contain_stop, missing_eos_penalty, logprobs, ref_logprobs, response_mask, kl_coef,
                     kl_estimator="k1"):
     """Per-token rewards: -kl_coef * kl on every real token, plus the score at the last real token. Returns
-    rewards, kl and non_score_reward (batch, response_length), all 0 after the last real token, and the
-    scores after the EOS trick (batch,)."""
+    rewards, kl and non_score_reward (batch, response_length), all 0 after the last real token, and
+    penalized_scores (batch,): the scores after the EOS trick, the ones the rewards hold."""
+    penalized_scores = scores
     if missing_eos_penalty is not None:
         # detail 30: the EOS trick: no stop token, no reward-model score
-        scores = torch.where(contain_stop, scores, torch.full_like(scores, missing_eos_penalty))
+        penalized_scores = torch.where(contain_stop, scores, torch.full_like(scores, missing_eos_penalty))
     # detail 32: per-token KL penalty against the reference policy, the score at the last real token
     logr = ref_logprobs - logprobs  # log(pi_ref / pi) of the sampled token
     kl = -logr if kl_estimator == "k1" else (logr.exp() - 1) - logr
-    kl = kl.masked_fill(padding_mask, 0.0)
+    kl = kl.masked_fill(~response_mask, 0.0)
     non_score_reward = -kl_coef * kl
     rewards = non_score_reward.clone()
-    last_index = (~padding_mask).sum(dim=1) - 1
-    rewards[torch.arange(rewards.shape[0], device=rewards.device), last_index] += scores
-    return rewards, kl, non_score_reward, scores
+    last_index = response_mask.sum(dim=1) - 1
+    rewards[torch.arange(rewards.shape[0], device=rewards.device), last_index] += penalized_scores
+    return rewards, kl, non_score_reward, penalized_scores
 
 
-def compute_gae(rewards, values, padding_mask, gamma: float, gae_lambda: float):
+def compute_gae(rewards, values, response_mask, gamma: float, gae_lambda: float):
     """detail 5: generalized advantage estimation over the real tokens of each response. The episode ends at
     its last real token: the values after it count as 0 (no bootstrap), and the rewards there are 0, so
     padding adds nothing. Returns advantages and returns (batch, response_length)."""
-    values = values.masked_fill(padding_mask, 0.0)
+    values = values.masked_fill(~response_mask, 0.0)
     response_length = rewards.shape[1]
     advantages = torch.zeros_like(rewards)
     lastgaelam = torch.zeros_like(rewards[:, 0])
@@ -364,38 +365,39 @@ def compute_gae(rewards, values, padding_mask, gamma: float, gae_lambda: float):
         lastgaelam = delta + gamma * gae_lambda * lastgaelam
         advantages[:, t] = lastgaelam
     returns = advantages + values
-    return advantages.masked_fill(padding_mask, 0.0), returns.masked_fill(padding_mask, 0.0)
+    return advantages.masked_fill(~response_mask, 0.0), returns.masked_fill(~response_mask, 0.0)
 
 
-def policy_loss(newlogprob, logprobs, advantages, mask, clip_coef: float):
-    """detail 8: the clipped surrogate objective averaged over the real tokens (mask True), as a loss to
-    minimize. Returns (pg_loss, ratio, logratio)."""
+def policy_loss(newlogprob, logprobs, advantages, response_mask, clip_coef: float):
+    """detail 8: the clipped surrogate objective averaged over the real tokens (response_mask True), as a loss
+    to minimize. Returns (pg_loss, ratio, logratio)."""
     logratio = newlogprob - logprobs
     ratio = logratio.exp()
     pg_loss1 = -advantages * ratio
     pg_loss2 = -advantages * torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef)
-    return masked_mean(torch.max(pg_loss1, pg_loss2), mask), ratio, logratio
+    return masked_mean(torch.max(pg_loss1, pg_loss2), response_mask), ratio, logratio
 
 
-def value_loss(newvalue, values, returns, mask, clip_coef: float, clip_vloss: bool):
+def value_loss(newvalue, values, returns, response_mask, clip_coef: float, clip_vloss: bool):
     """Squared-error value loss averaged over the real tokens, optionally clipped around the rollout's
     values (detail 9)."""
     v_loss_unclipped = (newvalue - returns) ** 2
     if not clip_vloss:
-        return 0.5 * masked_mean(v_loss_unclipped, mask)
+        return 0.5 * masked_mean(v_loss_unclipped, response_mask)
     v_clipped = values + torch.clamp(newvalue - values, -clip_coef, clip_coef)
     v_loss_clipped = (v_clipped - returns) ** 2
-    return 0.5 * masked_mean(torch.max(v_loss_unclipped, v_loss_clipped), mask)
+    return 0.5 * masked_mean(torch.max(v_loss_unclipped, v_loss_clipped), response_mask)
 
 
-def debug_variables(all_logprobs, ratio, logratio, mask, clip_coef: float) -> dict:
+def debug_variables(all_logprobs, ratio, logratio, response_mask, clip_coef: float) -> dict:
     """detail 12: the policy's entropy, the KL estimates, the clip fraction and the mean ratio over the real
     tokens, as tensors (collecting them does not wait for the device)."""
     entropy = -(all_logprobs.exp() * all_logprobs).sum(-1)
-    return {"entropy": masked_mean(entropy, mask), "old_approx_kl": masked_mean(-logratio, mask),
-            "approx_kl": masked_mean((ratio - 1) - logratio, mask),
-            "clipfrac": masked_mean(((ratio - 1.0).abs() > clip_coef).float(), mask),
-            "ratio": masked_mean(ratio, mask)}
+    return {"entropy": masked_mean(entropy, response_mask),
+            "old_approx_kl": masked_mean(-logratio, response_mask),
+            "approx_kl": masked_mean((ratio - 1) - logratio, response_mask),
+            "clipfrac": masked_mean(((ratio - 1.0).abs() > clip_coef).float(), response_mask),
+            "ratio": masked_mean(ratio, response_mask)}
 
 
 def adaptive_kl_coef(kl_coef: float, kl: float, kl_target: float, kl_horizon: int, n_steps: int,
@@ -464,12 +466,13 @@ def main(args: Args) -> dict:
     # detail 31: reward normalization, computed once from the initial policy's samples
     score_gain, score_bias = 1.0, 0.0
     if args.normalize_scores:
-        raw_scores = torch.cat([sample(policy, next(query_iter))[4] for _ in range(args.norm_batches)])
-        raw_scores = all_gather(raw_scores)  # torchrun: the scores of all processes
-        score_gain, score_bias = score_normalization(raw_scores)
+        initial_samples = [sample(policy, next(query_iter)) for _ in range(args.norm_batches)]
+        initial_raw_scores = torch.cat([raw_scores for _, _, _, _, raw_scores in initial_samples])
+        initial_raw_scores = all_gather(initial_raw_scores)  # torchrun: the scores of all processes
+        score_gain, score_bias = score_normalization(initial_raw_scores)
         if score_gain == 1.0:
-            print(f"the reward is constant ({raw_scores[0].item():.4g}) on the initial policy's samples: "
-                  "scores are shifted to mean 0 but not scaled")
+            print(f"the reward is constant ({initial_raw_scores[0].item():.4g}) on the initial policy's "
+                  "samples: scores are shifted to mean 0 but not scaled")
 
     writer = SummaryWriter(run_dir) if args.rank == 0 else NoWriter()  # torchrun: process 0 logs
     writer.add_text("hyperparameters", markdown_table(list(vars(args).items()), ("param", "value")))
@@ -500,9 +503,8 @@ def main(args: Args) -> dict:
             iteration_start = time.time()
             queries = next(query_iter)
             context_length = queries.shape[1]
-            responses, logprobs, padding_mask, contain_stop, raw_scores = sample(policy, queries)
-            response_mask = ~padding_mask
-            real_responses = responses.masked_fill(padding_mask, 0)  # detail 23: pad ids may be out of vocab
+            responses, logprobs, response_mask, contain_stop, raw_scores = sample(policy, queries)
+            real_responses = responses.masked_fill(~response_mask, 0)  # detail 23: pad ids may be outside
             query_responses = torch.cat([queries, responses], dim=1)
             with torch.inference_mode():  # in chunks, so that no pass holds batch x length x vocab floats
                 ref_logprobs, values = [], []
@@ -519,12 +521,12 @@ def main(args: Args) -> dict:
 
             # 3. advantages
             with torch.inference_mode():
-                rewards, kl, non_score_reward, scores = compute_rewards(  # details 30, 32
-                    scores, contain_stop, args.missing_eos_penalty, logprobs, ref_logprobs, padding_mask,
+                rewards, kl, non_score_reward, penalized_scores = compute_rewards(  # details 30, 32
+                    scores, contain_stop, args.missing_eos_penalty, logprobs, ref_logprobs, response_mask,
                     kl_coef, args.kl_estimator)
                 if args.whiten_rewards:  # detail 31: optional reward whitening, keeping the mean
                     rewards = masked_whiten(rewards, response_mask, shift_mean=False)
-                advantages, returns = compute_gae(rewards, values, padding_mask, args.gamma, args.gae_lambda)
+                advantages, returns = compute_gae(rewards, values, response_mask, args.gamma, args.gae_lambda)
                 if args.norm_adv:  # detail 7: over the whole batch, masked
                     advantages = masked_whiten(advantages, response_mask)
 
@@ -538,7 +540,7 @@ def main(args: Args) -> dict:
                     minibatch_tokens = all_sum(response_mask[mb_inds].sum())  # torchrun: of all processes
                     for micro_start in range(0, args.minibatch_size, args.micro_batch_size):
                         micro_inds = mb_inds[micro_start : micro_start + args.micro_batch_size]
-                        mask = response_mask[micro_inds]
+                        micro_mask = response_mask[micro_inds]  # the micro-batch's rows of response_mask
                         # only the log-softmax of the logits is kept (backward needs it, not the logits)
                         all_logprobs = response_logits(train_policy, query_responses[micro_inds],
                                                        context_length, args.temperature,
@@ -547,16 +549,19 @@ def main(args: Args) -> dict:
                         newvalue = response_values(train_value_model, query_responses[micro_inds],
                                                    context_length, pad_token_id)
                         pg_loss, ratio, logratio = policy_loss(newlogprob, logprobs[micro_inds],
-                                                               advantages[micro_inds], mask, args.clip_coef)
-                        v_loss = value_loss(newvalue, values[micro_inds], returns[micro_inds], mask,
+                                                               advantages[micro_inds], micro_mask,
+                                                               args.clip_coef)
+                        v_loss = value_loss(newvalue, values[micro_inds], returns[micro_inds], micro_mask,
                                             args.clip_coef, args.clip_vloss)
                         loss = pg_loss + args.vf_coef * v_loss  # detail 10
-                        # detail 6: each micro-batch weighted by its share of the minibatch's real tokens,
-                        # so the accumulated gradient is that of the token mean over the whole minibatch
-                        # (torchrun: times world_size, as DDP divides the sum over the processes by it)
-                        (loss * mask.sum() * args.world_size / minibatch_tokens).backward()
+                        # detail 6: the minibatch's loss, a mean over its real tokens, is the weighted mean
+                        # of its micro-batches' losses, weights micro_tokens / minibatch_tokens (torchrun:
+                        # times world_size, as DDP averages the gradients over the processes). With the
+                        # defaults (one process, no accumulation) the weight is 1: this is loss.backward().
+                        micro_tokens = micro_mask.sum()
+                        (loss * micro_tokens * args.world_size / minibatch_tokens).backward()
                         with torch.no_grad():
-                            debug = debug_variables(all_logprobs, ratio, logratio, mask, args.clip_coef)
+                            debug = debug_variables(all_logprobs, ratio, logratio, micro_mask, args.clip_coef)
                             for k, v in dict(policy_loss=pg_loss, value_loss=v_loss, **debug).items():
                                 update_stats.setdefault(k, []).append(v.detach())
                         del all_logprobs, newlogprob, debug
@@ -576,17 +581,19 @@ def main(args: Args) -> dict:
             stats = {
                 "charts/learning_rate": optimizer.param_groups[0]["lr"],
                 "charts/SPS": iteration * args.batch_size * args.response_length / (time.time() - start_time),
-                "charts/episodic_return": mean_non_score_reward + scores.mean().item(),
                 "charts/episodic_length": response_mask.sum(1).float().mean().item(),
                 **{f"losses/{k}": v for k, v in update_stats.items() if k != "ratio"},
                 "losses/explained_variance": explained_var,
-                "objective/scores": scores.mean().item(),
+                "objective/scores": penalized_scores.mean().item(),
                 "objective/raw_scores": raw_scores.mean().item(),
                 "objective/kl": mean_kl,
                 "objective/kl_coef": kl_coef,
                 "objective/non_score_reward": mean_non_score_reward,
-                "objective/rlhf_reward": mean_non_score_reward + scores.mean().item(),
-                "objective/entropy": (-logprobs).masked_fill(padding_mask, 0).sum(1).mean().item(),
+                # the episode's return: its score plus its KL penalty
+                "objective/rlhf_reward": mean_non_score_reward + penalized_scores.mean().item(),
+                # -log pi of the sampled tokens, summed over the response: a one-sample estimate of the
+                # response's entropy, in nats (losses/entropy: the mean next-token entropy in the update)
+                "objective/response_entropy": (-logprobs).masked_fill(~response_mask, 0).sum(1).mean().item(),
                 "val/num_eos_tokens": contain_stop.sum().item() * args.world_size,  # a sum, after the mean
                 "val/ratio": update_stats["ratio"],
                 "val/distinct_responses": distinct_responses,
@@ -600,7 +607,7 @@ def main(args: Args) -> dict:
             if iteration == 1 or iteration % args.log_samples_every == 0 or iteration == args.num_iterations:
                 rows = list(zip(tokenizer.batch_decode(queries, skip_special_tokens=True),
                                 tokenizer.batch_decode(responses, skip_special_tokens=True),
-                                [f"{s:.3f}" for s in scores.tolist()]))
+                                [f"{s:.3f}" for s in penalized_scores.tolist()]))
                 table = markdown_table(rows[:8], ("query", "response", "score"))
                 writer.add_text("samples", table, iteration)
             print(f"iteration {iteration}/{args.num_iterations} score {stats['objective/scores']:.3f} "
@@ -626,9 +633,9 @@ def main(args: Args) -> dict:
         if args.eval_episodes > 0 and not interrupted and args.rank == 0:
             held_out_evaluation(policy, "final", iteration)
             initial, final = eval_stats["initial"]["raw_score_mean"], eval_stats["final"]["raw_score_mean"]
-            eval_stats["score_gain"] = (final - initial) * score_gain
+            eval_stats["normalized_score_change"] = (final - initial) * score_gain
             print(f"held-out prompts: raw score {initial:.3f} -> {final:.3f} "
-                  f"({eval_stats['score_gain']:+.3f} in normalized units)")
+                  f"({eval_stats['normalized_score_change']:+.3f} in normalized units)")
             for mode in ["", "_greedy"] if "accuracy" in eval_stats["final"] else []:
                 before, after = eval_stats["initial" + mode], eval_stats["final" + mode]
                 print(f"held-out accuracy{mode.replace('_', ', ')}: {before['accuracy']:.1%} +- "
@@ -660,9 +667,9 @@ def evaluate(policy, eval_prompts, tokenizer, stop_token_id: int, reward_fn, arg
         for i in range(0, len(prompts), args.local_batch_size):
             batch = prompts[i : i + args.local_batch_size]
             queries = tokenize_queries(tokenizer, batch, args.max_query_length, device)
-            responses, _, _, stopped, scores = sample_and_score(policy, queries, tokenizer, stop_token_id,
-                                                                reward_fn, args, greedy)
-            raw_scores.append(scores)
+            responses, _, _, stopped, batch_raw_scores = sample_and_score(
+                policy, queries, tokenizer, stop_token_id, reward_fn, args, greedy)
+            raw_scores.append(batch_raw_scores)
             contain_stop.append(stopped)
             samples += list(zip(batch, tokenizer.batch_decode(responses, skip_special_tokens=True)))
     raw_scores, contain_stop = torch.cat(raw_scores).float(), torch.cat(contain_stop).float()

@@ -115,7 +115,7 @@ def main() -> None:
         *([f"Held-out accuracy ({len(set(q for q, _ in initial['samples']))} distinct problems, "
            f"{args.eval_episodes} responses per evaluation):", "", *accuracy_rows(), ""] if verifier else []),
         f"Gain in normalized units (the std of the initial policy's training scores is 1): "
-        f"**{result['eval']['score_gain']:+.3f}**. Training curves, mean of the first and the last "
+        f"**{result['eval']['normalized_score_change']:+.3f}**. Training curves, mean of the first and the last "
         f"{first.stop} iterations: objective/scores {scalars['objective/scores'][first].mean():+.3f} -> "
         f"{scalars['objective/scores'][last].mean():+.3f}, objective/kl {scalars['objective/kl'][first].mean():.3f} "
         f"-> {scalars['objective/kl'][last].mean():.3f} nats, objective/raw_scores "

@@ -201,9 +201,9 @@ def test_tokenizer_gets_a_pad_token_distinct_from_eos(tiny):
 def test_truncate_after_stop_token():
     stop, pad = 7, 99
     responses = torch.tensor([[1, 7, 2, 7], [1, 2, 3, 4], [7, 1, 1, 1]])
-    truncated, padding_mask, contain_stop = rlhf.truncate_after_stop_token(responses, stop, pad)
+    truncated, response_mask, contain_stop = rlhf.truncate_after_stop_token(responses, stop, pad)
     assert truncated.tolist() == [[1, 7, pad, pad], [1, 2, 3, 4], [7, pad, pad, pad]]
-    assert padding_mask.tolist() == [[False, False, True, True], [False] * 4, [False, True, True, True]]
+    assert response_mask.tolist() == [[True, True, False, False], [True] * 4, [True, False, False, False]]
     assert contain_stop.tolist() == [True, False, True]
     assert torch.equal(responses, torch.tensor([[1, 7, 2, 7], [1, 2, 3, 4], [7, 1, 1, 1]]))  # input kept
 
@@ -211,10 +211,10 @@ def test_truncate_after_stop_token():
 def test_min_response_length_ignores_early_stop_tokens():
     stop, pad = 7, 99
     responses = torch.tensor([[7, 1, 7, 2, 2], [1, 7, 2, 2, 2], [1, 2, 7, 7, 2], [1, 2, 3, 4, 7]])
-    truncated, padding_mask, contain_stop = rlhf.truncate_after_stop_token(responses, stop, pad, 2)
+    truncated, response_mask, contain_stop = rlhf.truncate_after_stop_token(responses, stop, pad, 2)
     assert truncated.tolist() == [[7, 1, 7, pad, pad], [1, 7, 2, 2, 2], [1, 2, 7, pad, pad], [1, 2, 3, 4, 7]]
     assert contain_stop.tolist() == [True, False, True, True]  # the second one's only stop came too early
-    assert (~padding_mask).sum(1).tolist() == [3, 5, 3, 5]
+    assert response_mask.sum(1).tolist() == [3, 5, 3, 5]
 
 
 @pytest.mark.parametrize("kl_estimator", ["k1", "k3"])
@@ -222,11 +222,12 @@ def test_min_response_length_ignores_early_stop_tokens():
 def test_per_token_rewards(kl_estimator, missing_eos_penalty):
     torch.manual_seed(0)
     responses = torch.tensor([[3, 5, 7, 3, 3], [3, 3, 3, 3, 3], [7, 5, 5, 5, 5]])  # stop token 7
-    _, padding_mask, contain_stop = rlhf.truncate_after_stop_token(responses, 7, 0)
+    _, response_mask, contain_stop = rlhf.truncate_after_stop_token(responses, 7, 0)
     logprobs, ref_logprobs = -torch.rand(3, 5) * 3, -torch.rand(3, 5) * 3
     scores, kl_coef = torch.tensor([2.0, 3.0, -4.0]), 0.1
-    rewards, kl, non_score_reward, final_scores = rlhf.compute_rewards(
-        scores, contain_stop, missing_eos_penalty, logprobs, ref_logprobs, padding_mask, kl_coef, kl_estimator)
+    rewards, kl, non_score_reward, penalized_scores = rlhf.compute_rewards(
+        scores, contain_stop, missing_eos_penalty, logprobs, ref_logprobs, response_mask, kl_coef,
+        kl_estimator)
     for i, last in enumerate([2, 4, 0]):
         for t in range(5):
             log_q = (ref_logprobs[i, t] - logprobs[i, t]).item()
@@ -243,7 +244,8 @@ def test_per_token_rewards(kl_estimator, missing_eos_penalty):
     expected_scores = scores.clone()
     if missing_eos_penalty is not None:
         expected_scores[1] = missing_eos_penalty  # only the response without the stop token is penalized
-    assert torch.equal(final_scores, expected_scores)
+    assert torch.equal(penalized_scores, expected_scores)
+    assert torch.equal(scores, torch.tensor([2.0, 3.0, -4.0]))  # the input is not penalized in place
     if kl_estimator == "k3":
         assert (kl >= 0).all()
 
@@ -268,16 +270,17 @@ def reference_gae(rewards, values, lengths, gamma, gae_lambda):
 def test_gae_on_masked_sequences(gamma, gae_lambda):
     torch.manual_seed(1)
     lengths = [6, 1, 3, 4]
-    padding_mask = torch.arange(6) >= torch.tensor(lengths).unsqueeze(1)
-    rewards = torch.randn(4, 6).masked_fill(padding_mask, 0)
+    response_mask = torch.arange(6) < torch.tensor(lengths).unsqueeze(1)
+    rewards = torch.randn(4, 6).masked_fill(~response_mask, 0)
     values = torch.randn(4, 6)
-    advantages, returns = rlhf.compute_gae(rewards, values, padding_mask, gamma, gae_lambda)
+    advantages, returns = rlhf.compute_gae(rewards, values, response_mask, gamma, gae_lambda)
     expected_advantages, expected_returns = reference_gae(rewards, values, lengths, gamma, gae_lambda)
     torch.testing.assert_close(advantages, expected_advantages)
     torch.testing.assert_close(returns, expected_returns)
     # values after the end of a response (whatever the value model says there) change nothing
-    perturbed = values + 100.0 * padding_mask
-    torch.testing.assert_close(rlhf.compute_gae(rewards, perturbed, padding_mask, gamma, gae_lambda)[0], advantages)
+    perturbed = values + 100.0 * ~response_mask
+    torch.testing.assert_close(rlhf.compute_gae(rewards, perturbed, response_mask, gamma, gae_lambda)[0],
+                               advantages)
 
 
 def test_masked_whiten():
@@ -298,17 +301,17 @@ def test_masked_whiten():
 def test_clipped_losses_against_explicit_formulas():
     torch.manual_seed(3)
     new_logprobs, logprobs = -torch.rand(2, 4), -torch.rand(2, 4)
-    advantages, mask = torch.randn(2, 4), torch.ones(2, 4, dtype=torch.bool)
-    pg_loss, ratio, _ = rlhf.policy_loss(new_logprobs, logprobs, advantages, mask, 0.2)
+    advantages, response_mask = torch.randn(2, 4), torch.ones(2, 4, dtype=torch.bool)
+    pg_loss, ratio, _ = rlhf.policy_loss(new_logprobs, logprobs, advantages, response_mask, 0.2)
     expected = [max(-a * r, -a * min(max(r, 0.8), 1.2)) for a, r in zip(advantages.flatten().tolist(),
                                                                          ratio.flatten().tolist())]
     assert pg_loss.item() == pytest.approx(sum(expected) / len(expected), abs=1e-6)
     new_values, values, returns = torch.randn(2, 4), torch.randn(2, 4), torch.randn(2, 4)
-    v_loss = rlhf.value_loss(new_values, values, returns, mask, 0.2, True)
+    v_loss = rlhf.value_loss(new_values, values, returns, response_mask, 0.2, True)
     expected = [max((nv - R) ** 2, (v + min(max(nv - v, -0.2), 0.2) - R) ** 2)
                 for nv, v, R in zip(new_values.flatten().tolist(), values.flatten().tolist(), returns.flatten().tolist())]
     assert v_loss.item() == pytest.approx(0.5 * sum(expected) / len(expected), abs=1e-6)
-    unclipped = rlhf.value_loss(new_values, values, returns, mask, 0.2, False)
+    unclipped = rlhf.value_loss(new_values, values, returns, response_mask, 0.2, False)
     assert unclipped.item() == pytest.approx(0.5 * ((new_values - returns) ** 2).mean().item(), abs=1e-6)
 
 
@@ -316,28 +319,27 @@ def test_nothing_after_the_stop_token_influences_losses_or_gradients():
     """Perturb every per-token input after the stop token: rewards, advantages, losses and gradients stay."""
     torch.manual_seed(4)
     responses = torch.tensor([[3, 7, 3, 3, 3], [3, 3, 3, 3, 3], [3, 3, 3, 7, 3]])
-    _, padding_mask, contain_stop = rlhf.truncate_after_stop_token(responses, 7, 0)
-    mask = ~padding_mask
+    _, response_mask, contain_stop = rlhf.truncate_after_stop_token(responses, 7, 0)
     base = dict(logprobs=-torch.rand(3, 5), ref_logprobs=-torch.rand(3, 5), values=torch.randn(3, 5),
                 new_logprobs=-torch.rand(3, 5), new_values=torch.randn(3, 5))
-    perturbed = {k: v + 20.0 * torch.randn(3, 5) * padding_mask for k, v in base.items()}
+    perturbed = {k: v + 20.0 * torch.randn(3, 5) * ~response_mask for k, v in base.items()}
 
     def run(t):
         rewards, kl, _, _ = rlhf.compute_rewards(torch.tensor([1.0, 2.0, 3.0]), contain_stop, -1.0,
-                                                 t["logprobs"], t["ref_logprobs"], padding_mask, 0.1)
-        advantages, returns = rlhf.compute_gae(rewards, t["values"], padding_mask, 1.0, 0.95)
-        advantages = rlhf.masked_whiten(advantages, mask)
+                                                 t["logprobs"], t["ref_logprobs"], response_mask, 0.1)
+        advantages, returns = rlhf.compute_gae(rewards, t["values"], response_mask, 1.0, 0.95)
+        advantages = rlhf.masked_whiten(advantages, response_mask)
         new_logprobs = t["new_logprobs"].clone().requires_grad_(True)
         new_values = t["new_values"].clone().requires_grad_(True)
-        pg_loss, _, _ = rlhf.policy_loss(new_logprobs, t["logprobs"], advantages, mask, 0.2)
-        v_loss = rlhf.value_loss(new_values, t["values"], returns, mask, 0.2, True)
+        pg_loss, _, _ = rlhf.policy_loss(new_logprobs, t["logprobs"], advantages, response_mask, 0.2)
+        v_loss = rlhf.value_loss(new_values, t["values"], returns, response_mask, 0.2, True)
         (pg_loss + 0.1 * v_loss).backward()
         return [rewards, kl.sum(1), advantages, returns, pg_loss, v_loss, new_logprobs.grad, new_values.grad]
 
     for a, b in zip(run(base), run(perturbed)):
         torch.testing.assert_close(a, b)
     grads = run(base)[-2:]
-    assert all((g[padding_mask] == 0).all() and (g[mask] != 0).any() for g in grads)
+    assert all((g[~response_mask] == 0).all() and (g[response_mask] != 0).any() for g in grads)
 
 
 def test_adaptive_kl_coef():
@@ -400,19 +402,19 @@ def test_sampling_logprobs_equal_training_forward_logprobs(tiny):
     assert lengths.min() < lengths.max()  # the batch is really left-padded
     context_length = queries.shape[1]
     responses, logprobs = rlhf.generate(policy, queries, 10, 0.7, pad_token_id)
-    responses, padding_mask, _ = rlhf.truncate_after_stop_token(responses, stop_token_id, pad_token_id)
+    responses, response_mask, _ = rlhf.truncate_after_stop_token(responses, stop_token_id, pad_token_id)
     query_responses = torch.cat([queries, responses], 1)
-    real_responses = responses.masked_fill(padding_mask, 0)
+    real_responses = responses.masked_fill(~response_mask, 0)
 
     def training_logprobs(model, temperature=0.7):
         logits = rlhf.response_logits(model, query_responses, context_length, temperature, pad_token_id)
         return rlhf.gather_logprobs(logits, real_responses)
 
     new_logprobs = training_logprobs(policy)
-    logratio = (new_logprobs - logprobs).masked_fill(padding_mask, 0)
+    logratio = (new_logprobs - logprobs).masked_fill(~response_mask, 0)
     assert logratio.abs().max().item() < 1e-5
     ratio = logratio.exp()
-    approx_kl = rlhf.masked_mean((ratio - 1) - logratio, ~padding_mask)
+    approx_kl = rlhf.masked_mean((ratio - 1) - logratio, response_mask)
     assert approx_kl.item() < 1e-6
 
     # Each sequence alone, without any padding, gives the same log-probs too.
@@ -420,18 +422,19 @@ def test_sampling_logprobs_equal_training_forward_logprobs(tiny):
         single = torch.cat([queries[i, context_length - lengths[i]:], responses[i]])[None]
         alone = rlhf.gather_logprobs(rlhf.response_logits(policy, single, int(lengths[i]), 0.7, pad_token_id),
                                      real_responses[i : i + 1])
-        torch.testing.assert_close(alone.masked_fill(padding_mask[i], 0), logprobs[i : i + 1].masked_fill(
-            padding_mask[i], 0), atol=1e-5, rtol=0)
+        torch.testing.assert_close(alone.masked_fill(~response_mask[i], 0), logprobs[i : i + 1].masked_fill(
+            ~response_mask[i], 0), atol=1e-5, rtol=0)
 
     # The check is sensitive to each detail: another temperature, dropout on, or default position ids differ.
-    assert (training_logprobs(policy, 1.0) - logprobs).masked_fill(padding_mask, 0).abs().max() > 1e-2
+    assert (training_logprobs(policy, 1.0) - logprobs).masked_fill(~response_mask, 0).abs().max() > 1e-2
     policy.train()
-    assert (training_logprobs(policy) - logprobs).masked_fill(padding_mask, 0).abs().max() > 1e-2
+    assert (training_logprobs(policy) - logprobs).masked_fill(~response_mask, 0).abs().max() > 1e-2
     policy.eval()
     inputs = rlhf.model_inputs(query_responses, pad_token_id)
     del inputs["position_ids"]
     logits = policy(**inputs).logits[:, context_length - 1 : -1] / 0.7
-    assert (rlhf.gather_logprobs(logits, real_responses) - logprobs).masked_fill(padding_mask, 0).abs().max() > 1e-2
+    default_positions = rlhf.gather_logprobs(logits, real_responses)
+    assert (default_positions - logprobs).masked_fill(~response_mask, 0).abs().max() > 1e-2
 
 
 def test_main_first_minibatch_ratio_one_logging_and_save(tiny, tmp_path):
@@ -442,13 +445,26 @@ def test_main_first_minibatch_ratio_one_logging_and_save(tiny, tmp_path):
                      log_samples_every=1)
     stats = rlhf.main(args)
     scalars = read_scalars(stats["run_dir"])
-    shared = ["charts/learning_rate", "charts/SPS", "charts/episodic_return", "charts/episodic_length",
+    shared = ["charts/learning_rate", "charts/SPS", "charts/episodic_length",
               "losses/value_loss", "losses/policy_loss", "losses/entropy", "losses/old_approx_kl",
               "losses/approx_kl", "losses/clipfrac", "losses/explained_variance"]
     rlhf_tags = ["objective/scores", "objective/kl", "objective/kl_coef", "objective/non_score_reward",
-                 "objective/rlhf_reward", "objective/entropy", "val/num_eos_tokens"]
+                 "objective/rlhf_reward", "objective/response_entropy", "val/num_eos_tokens"]
     for tag in shared + rlhf_tags:
         assert len(scalars[tag]) == 2, tag
+    # the episode's return is objective/rlhf_reward, score plus KL penalty (charts/episodic_return would
+    # log the same number); objective/response_entropy is -log pi summed over the sampled response, per
+    # response, and losses/entropy the entropy of the next-token distribution, per token
+    assert "charts/episodic_return" not in scalars and "objective/entropy" not in scalars
+    for rlhf_reward, score, non_score_reward in zip(scalars["objective/rlhf_reward"],
+                                                    scalars["objective/scores"],
+                                                    scalars["objective/non_score_reward"]):
+        assert rlhf_reward == pytest.approx(score + non_score_reward, abs=1e-5)
+    for response_entropy, length, entropy in zip(scalars["objective/response_entropy"],
+                                                 scalars["charts/episodic_length"],
+                                                 scalars["losses/entropy"]):
+        # a near-uniform tiny policy: -log pi of a sampled token is close to the distribution's entropy
+        assert response_entropy / length == pytest.approx(entropy, rel=0.1)
     for approx_kl, old_approx_kl, ratio, clipfrac in zip(scalars["losses/approx_kl"], scalars["losses/old_approx_kl"],
                                                          scalars["val/ratio"], scalars["losses/clipfrac"]):
         assert 0 <= approx_kl < 1e-6 and abs(old_approx_kl) < 1e-5
@@ -762,13 +778,13 @@ def test_the_update_sees_whitened_advantages_of_real_tokens(tiny, tmp_path, monk
     real_policy_loss, real_compute_gae = rlhf.policy_loss, rlhf.compute_gae
     seen, gae = [], []
 
-    def policy_loss(newlogprob, logprobs, advantages, mask, clip_coef):
-        seen.append(advantages[mask])
-        return real_policy_loss(newlogprob, logprobs, advantages, mask, clip_coef)
+    def policy_loss(newlogprob, logprobs, advantages, response_mask, clip_coef):
+        seen.append(advantages[response_mask])
+        return real_policy_loss(newlogprob, logprobs, advantages, response_mask, clip_coef)
 
-    def compute_gae(rewards, values, padding_mask, *a):
-        advantages, returns = real_compute_gae(rewards, values, padding_mask, *a)
-        gae.append(advantages[~padding_mask])
+    def compute_gae(rewards, values, response_mask, *a):
+        advantages, returns = real_compute_gae(rewards, values, response_mask, *a)
+        gae.append(advantages[response_mask])
         return advantages, returns
 
     monkeypatch.setattr(rlhf, "policy_loss", policy_loss)
@@ -896,6 +912,10 @@ def test_evaluation_scores_held_out_prompts_without_changing_training(tiny, tmp_
         assert final["raw_scores"][final["samples"].index((q, r))] == float((q + r).count("e"))
     assert read_scalars(evaluated["run_dir"])["eval/raw_scores"] == pytest.approx(
         [initial["raw_score_mean"], final["raw_score_mean"]])
+    # the held-out change of the mean score, in units of the training scores' normalization (gain > 0)
+    change = evaluated["eval"]["normalized_score_change"]
+    assert change * (final["raw_score_mean"] - initial["raw_score_mean"]) >= 0
+    assert "score_gain" not in evaluated["eval"]
     # --eval-checkpoint: the saved policy, evaluated alone, gives the same responses and scores
     again = rlhf.main(tiny_args(tiny, tmp_path / "checkpoint", eval_checkpoint=str(
         Path(evaluated["run_dir"]) / "model"), eval_episodes=20, **common))
