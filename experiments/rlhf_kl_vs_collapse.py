@@ -153,11 +153,10 @@ def sample_final_policy(model_dir: str, ref_dir: str, prompts: list[str], n: int
     batch_prompts = [prompts[i % len(prompts)] for i in range(n)]
     queries = tokenizer(batch_prompts, padding=True, return_tensors="pt")["input_ids"]
     responses, _ = rlhf.generate(policy, queries, 48, 1.0, pad_token_id)
-    responses, padding_mask, contain_stop = rlhf.truncate_after_stop_token(responses, stop_token_id, pad_token_id, 16)
-    mask = ~padding_mask
+    responses, mask, contain_stop = rlhf.truncate_after_stop_token(responses, stop_token_id, pad_token_id, 16)
     ref_logits = rlhf.response_logits(reference, torch.cat([queries, responses], 1), queries.shape[1], 1.0,
                                       pad_token_id)
-    ref_logprobs = rlhf.gather_logprobs(ref_logits, responses.masked_fill(padding_mask, 0))
+    ref_logprobs = rlhf.gather_logprobs(ref_logits, responses.masked_fill(~mask, 0))
     texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
     distinct, _ = rlhf.diversity(responses, mask)
     words = [text.split() for text in texts]
