@@ -7,6 +7,7 @@ import os
 import random
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -797,6 +798,68 @@ def test_the_update_sees_whitened_advantages_of_real_tokens(tiny, tmp_path, monk
         assert seen.mean().item() == pytest.approx(0, abs=1e-5) and seen.std().item() == pytest.approx(1, abs=1e-4)
     else:
         torch.testing.assert_close(seen.sort().values, gae[0].sort().values)
+
+
+def test_main_passes_each_quantity_where_it_belongs(tiny, tmp_path, monkeypatch, stops_at_lengths_1_to_8):
+    """The glue of main(), checked where a wrong wiring differs: a reward that varies, responses of 1 to 8 real
+    tokens (padding placed by construction), a second iteration (values no longer 0), reward whitening on.
+    Expected values are computed here from the recorded inputs, never by the script's own helpers."""
+    monkeypatch.setattr(rlhf, "load_reward_fn", count_e_reward)
+    calls = {name: [] for name in ("sample", "compute_rewards", "compute_gae", "value_loss", "clip", "adam")}
+
+    def record(name, function, keep):
+        def wrapper(*a, **kw):
+            out = function(*a, **kw)
+            calls[name].append(keep(a, out))
+            return out
+        return wrapper
+
+    monkeypatch.setattr(rlhf, "sample_and_score", record("sample", rlhf.sample_and_score, lambda a, out: out))
+    monkeypatch.setattr(rlhf, "compute_rewards", record("compute_rewards", rlhf.compute_rewards,
+                                                        lambda a, out: (a[0], out[0], a[5])))
+    monkeypatch.setattr(rlhf, "compute_gae", record("compute_gae", rlhf.compute_gae, lambda a, out: (a, out)))
+    monkeypatch.setattr(rlhf, "value_loss", record("value_loss", rlhf.value_loss, lambda a, out: a[2]))
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", record("clip", torch.nn.utils.clip_grad_norm_,
+                                                                  lambda a, out: {id(p) for p in a[0]}))
+    real_adam = torch.optim.Adam
+
+    def adam(param_groups, **kw):
+        param_groups = list(param_groups)
+        calls["adam"].append({id(p) for group in param_groups for p in group["params"]})
+        return real_adam(param_groups, **kw)
+
+    monkeypatch.setattr(torch.optim, "Adam", adam)
+    stats = rlhf.main(tiny_args(tiny, tmp_path, total_episodes=16, update_epochs=2, num_minibatches=2,
+                                whiten_rewards=True, missing_eos_penalty=None, kl_coef=0.5, kl_target=None,
+                                learning_rate=1e-3))
+    scalars = read_scalars(stats["run_dir"])
+    norm_raw, rollouts = calls["sample"][0][4], calls["sample"][1:]
+    assert len(rollouts) == 2 and norm_raw.std() > 0
+    gain = 1 / statistics.stdev(norm_raw.tolist())
+    bias = -statistics.fmean(norm_raw.tolist()) * gain
+    for (_, _, mask, _, raw), (scores, rewards, reward_mask), ((gae_rewards, values, gae_mask, *_), (_, returns)) \
+            in zip(rollouts, calls["compute_rewards"], calls["compute_gae"]):
+        # the normalized score is gain * raw + bias, with the gain and bias of the initial policy's samples
+        torch.testing.assert_close(scores, gain * raw + bias, rtol=1e-5, atol=1e-5)
+        assert torch.equal(reward_mask, mask) and torch.equal(gae_mask, mask)
+        # --whiten-rewards: the real tokens' rewards get std 1 and keep their mean (lm-human-preferences)
+        real, whitened = rewards[mask].double(), gae_rewards[mask].double()
+        assert abs(real.mean()) > 1e-3
+        assert whitened.mean().item() == pytest.approx(real.mean().item(), abs=1e-5)
+        assert whitened.std().item() == pytest.approx(1, rel=1e-2)
+    # the value loss's targets are rows of the returns GAE gave (first iteration: 2 epochs x 2 minibatches)
+    first_returns = calls["compute_gae"][0][1][1]
+    for targets in calls["value_loss"][:4]:
+        for row in targets:
+            assert any(torch.equal(row, r) for r in first_returns)
+    # explained variance over the real tokens only, in the second iteration (the values are no longer all 0)
+    (_, values, mask, *_), (_, returns) = calls["compute_gae"][1]
+    y_pred, y_true = values[mask].double(), returns[mask].double()
+    assert y_pred.abs().max() > 0
+    expected = 1 - (y_true - y_pred).var().item() / y_true.var().item()
+    assert scalars["losses/explained_variance"][1] == pytest.approx(expected, rel=1e-4, abs=1e-6)
+    # the gradient clipped is that of everything the optimizer trains (policy and value model alike)
+    assert calls["clip"] and all(clipped == calls["adam"][0] for clipped in calls["clip"])
 
 
 def test_one_loss_one_optimizer_trains_both_models(tiny, tmp_path, monkeypatch):
