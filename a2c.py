@@ -349,12 +349,12 @@ def main(args: Args) -> dict:
 # Plumbing below: argument checks, evaluation and checkpoints. Not needed to follow the algorithm.
 
 def check_args(args: Args) -> None:
-    """Fill in the derived sizes and reject bad input with a one-line message, before any training."""
+    """Fill in the derived sizes, reject bad input with a one-line message, say what will run."""
 
     def fail(msg):
         raise SystemExit(f"error: {msg}")
 
-    for flag in ("total_timesteps", "num_envs", "num_steps", "num_threads", "learning_rate"):
+    for flag in ("total_timesteps", "num_envs", "num_steps", "num_threads", "learning_rate", "max_grad_norm"):
         if not getattr(args, flag) > 0:
             fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     if not 0.0 < args.gamma <= 1.0:
@@ -381,6 +381,10 @@ def check_args(args: Args) -> None:
     args.batch_size = args.num_envs * args.num_steps
     # round up, so that a run takes at least --total-timesteps steps
     args.num_iterations = -(-args.total_timesteps // args.batch_size)
+    if args.eval_checkpoint is None and args.total_timesteps % args.batch_size != 0:
+        print(f"--total-timesteps {args.total_timesteps} is not a multiple of the batch size "
+              f"{args.batch_size} (--num-envs x --num-steps): training runs {args.num_iterations} x "
+              f"{args.batch_size} = {args.num_iterations * args.batch_size} steps")
 
 
 

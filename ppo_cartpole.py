@@ -409,13 +409,13 @@ def main(args: Args) -> dict:
 # Plumbing below: argument checks, evaluation and checkpoints. Not needed to follow the algorithm.
 
 def check_args(args: Args) -> None:
-    """Fill in the derived sizes and reject bad input with a one-line message, before any work."""
+    """Fill in the derived sizes, reject bad input with a one-line message, say what will run."""
 
     def fail(msg):
         raise SystemExit(f"error: {msg}")
 
     positive = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "num_threads",
-                "learning_rate", "clip_coef")
+                "learning_rate", "clip_coef", "max_grad_norm")
     for flag in positive:
         if not getattr(args, flag) > 0:
             fail(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
@@ -450,6 +450,10 @@ def check_args(args: Args) -> None:
     args.num_iterations = args.total_timesteps // args.batch_size
     if args.num_iterations == 0:
         fail(f"--total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size}); raise it")
+    if args.total_timesteps % args.batch_size != 0:
+        print(f"--total-timesteps {args.total_timesteps} is not a multiple of the batch size "
+              f"{args.batch_size} (--num-envs x --num-steps): training runs {args.num_iterations} x "
+              f"{args.batch_size} = {args.num_iterations * args.batch_size} steps")
 
 
 def evaluate(agent, env_id, episodes, seed, device):

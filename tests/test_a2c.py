@@ -300,6 +300,8 @@ def test_entropy_bonus_adds_minus_ent_coef_times_the_entropy_gradient(tmp_path, 
         (dict(gae_lambda=1.5, gae=True), "--gae-lambda"),
         (dict(learning_rate=0.0), "--learning-rate"),
         (dict(learning_rate=-1e-3), "--learning-rate"),
+        (dict(max_grad_norm=0.0), "--max-grad-norm"),  # would zero every gradient
+        (dict(max_grad_norm=-1.0), "--max-grad-norm"),  # would flip every gradient
         (dict(env_id="Pendulum-v1"), "--env-id"),
         (dict(env_id="NoSuchEnv-v0"), "--env-id"),
         (dict(env_id="FrozenLake-v1"), "--env-id"),  # Discrete observations: the MLP needs a flat Box
@@ -310,6 +312,19 @@ def test_entropy_bonus_adds_minus_ent_coef_times_the_entropy_gradient(tmp_path, 
 )
 def test_bad_input_fails_fast_naming_the_flag(fails_fast, kw, flag):
     fails_fast(a2c, small_args, kw, flag)
+
+
+def test_a_budget_that_is_not_whole_batches_says_how_many_steps_run(short_run, tmp_path, capsys):
+    a2c.check_args(small_args(tmp_path, total_timesteps=512))
+    assert capsys.readouterr().out == ""  # 2 whole batches of 32 x 8: nothing to say
+    a2c.main(small_args(tmp_path, eval_checkpoint=os.path.join(short_run["run_dir"], "agent.pt"), eval_episodes=1))
+    assert "--total-timesteps" not in capsys.readouterr().out  # evaluating a checkpoint trains nothing
+    a2c.main(small_args(tmp_path, total_timesteps=600, eval_episodes=0, save_model=False))
+    out = capsys.readouterr().out.splitlines()
+    # a2c.py rounds up, so that a run takes at least --total-timesteps steps
+    assert out[0] == ("--total-timesteps 600 is not a multiple of the batch size 256 (--num-envs x --num-steps): "
+                      "training runs 3 x 256 = 768 steps")
+    assert out[-1].startswith("768 steps in ")  # the run does what it said
 
 
 @pytest.mark.parametrize("kind", ["truncated", "corrupt", "foreign", "another network", "a directory"])

@@ -322,6 +322,8 @@ def test_learning_rate_is_constant_without_anneal_lr(tmp_path, read_events):
         (dict(learning_rate=-1e-3), "--learning-rate"),
         (dict(clip_coef=0.0), "--clip-coef"),
         (dict(clip_coef=-0.2), "--clip-coef"),
+        (dict(max_grad_norm=0.0), "--max-grad-norm"),  # would zero every gradient
+        (dict(max_grad_norm=-1.0), "--max-grad-norm"),  # would flip every gradient
         (dict(total_timesteps=0), "--total-timesteps"),
         (dict(total_timesteps=-5), "--total-timesteps"),
         (dict(total_timesteps=100), "--total-timesteps"),  # less than one batch of 8 x 32
@@ -330,6 +332,16 @@ def test_learning_rate_is_constant_without_anneal_lr(tmp_path, read_events):
 )
 def test_bad_input_fails_fast_naming_the_flag(fails_fast, kw, flag):
     fails_fast(ppo_cartpole, small_args, kw, flag)
+
+
+def test_a_budget_that_is_not_whole_batches_says_how_many_steps_run(tmp_path, capsys):
+    ppo_cartpole.check_args(small_args(tmp_path, total_timesteps=512))
+    assert capsys.readouterr().out == ""  # 2 whole batches of 8 x 32: nothing to say
+    ppo_cartpole.main(small_args(tmp_path, total_timesteps=600, eval_episodes=0, save_model=False))
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == ("--total-timesteps 600 is not a multiple of the batch size 256 (--num-envs x --num-steps): "
+                      "training runs 2 x 256 = 512 steps")
+    assert out[-1].startswith("512 steps in ")  # the run does what it said
 
 
 @pytest.mark.parametrize("kind", ["truncated", "corrupt", "foreign", "another network"])

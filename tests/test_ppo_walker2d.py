@@ -511,11 +511,24 @@ def small_args(runs_dir, **kw):
         (dict(gae_lambda=1.5), "--gae-lambda"),
         (dict(clip_coef=0.0), "--clip-coef"),
         (dict(clip_coef=-0.2), "--clip-coef"),
+        (dict(max_grad_norm=0.0), "--max-grad-norm"),  # would zero every gradient
+        (dict(max_grad_norm=-1.0), "--max-grad-norm"),  # would flip every gradient
         (dict(total_timesteps=1000), "--total-timesteps"),  # less than one batch of 8 x 256
     ],
 )
 def test_bad_input_fails_fast_naming_the_flag(fails_fast, kw, flag):
     fails_fast(P, small_args, kw, flag)
+
+
+def test_a_budget_that_is_not_whole_batches_says_how_many_steps_run(tmp_path, capsys):
+    P.check_args(small_args(tmp_path))
+    assert capsys.readouterr().out == ""  # 1 whole batch of 8 x 256: nothing to say
+    P.main(small_args(tmp_path, total_timesteps=150, num_envs=2, num_steps=32, num_minibatches=2, update_epochs=1,
+                      eval_episodes=0))
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == ("--total-timesteps 150 is not a multiple of the batch size 64 (--num-envs x --num-steps): "
+                      "training runs 2 x 64 = 128 steps")
+    assert out[-1].startswith("128 steps in ")  # the run does what it said
 
 
 @pytest.mark.parametrize("kind", ["truncated", "corrupt", "foreign", "another network"])

@@ -84,4 +84,12 @@ MUTANTS = [
      "if not isinstance(observation_space, gym.spaces.Box) or len(observation_space.shape) != 1:",
      "if False:",
      "cannot_take"),
+    ("--max-grad-norm 0 or negative accepted (a negative norm flips the gradient)",
+     '"learning_rate", "clip_coef", "max_grad_norm")',
+     '"learning_rate", "clip_coef")',
+     "bad_input"),
+    ("a budget that is not whole batches cut short without a word",
+     "    if args.total_timesteps % args.batch_size != 0:\n        print(",
+     "    if False:\n        print(",
+     "budget"),
 ]
