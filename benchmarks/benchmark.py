@@ -8,8 +8,9 @@ Usage (from the repository root):
 Each run is `python SCRIPT --seed S --total-timesteps N --runs-dir benchmarks/runs/NAME/STEM/seedS --save-model
 --eval-episodes E EXTRA...`, at most `--parallel` at a time (each script uses one torch thread by default).
 Writes benchmarks/results/NAME.md (table: mean +- std over seeds of the mean of the last 100 training episodes
-and of the evaluation return, per-seed values, wall time and env steps/s), NAME.json (the per-seed numbers),
-NAME.png (mean curve and min-max band over seeds against env steps) and NAME_wallclock.png (against seconds).
+and of the evaluation return, per-seed values, wall time and env steps/s), NAME.png (mean curve and min-max band
+over seeds against env steps) and NAME_wallclock.png (against seconds); and, beside the runs, out of git,
+benchmarks/runs/NAME/NAME.json (the per-seed numbers and curves: megabytes for a MuJoCo benchmark).
 """
 
 import glob
@@ -42,7 +43,7 @@ class Args:
     total_timesteps: int = 100_000
     """env steps of each run"""
     name: str = "cartpole_ppo"
-    """output name: benchmarks/results/NAME.{md,json,png} and runs in benchmarks/runs/NAME/"""
+    """output name: benchmarks/results/NAME.{md,png} and runs (and NAME.json) in benchmarks/runs/NAME/"""
     parallel: int = 2
     """runs at a time (at most the number of quiet cores)"""
     eval_episodes: int = 10
@@ -183,7 +184,7 @@ def main(args: Args) -> None:
     lines += ["", f"![learning curves]({args.name}.png)", "", f"![learning curves, wall clock]({args.name}_wallclock.png)", ""]
     with open(os.path.join(out, f"{args.name}.md"), "w") as f:
         f.write("\n".join(lines))
-    with open(os.path.join(out, f"{args.name}.json"), "w") as f:
+    with open(os.path.join(ROOT, "benchmarks", "runs", args.name, f"{args.name}.json"), "w") as f:
         json.dump({"command": command, "results": results}, f)
     plot(args, results, "steps", "environment steps", os.path.join(out, f"{args.name}.png"))
     plot(args, results, "seconds", "wall-clock seconds", os.path.join(out, f"{args.name}_wallclock.png"))
