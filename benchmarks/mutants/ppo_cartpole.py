@@ -1,7 +1,8 @@
 """Breakages of ppo_cartpole.py that tests/test_ppo_cartpole.py must catch (run by benchmarks/mutation_check.py).
 
 Each entry is (name, text found exactly once in the script, its replacement, pytest -k selector of the tests
-expected to catch it)."""
+expected to catch it; the "main: ..."
+ones have none: the whole file must catch them)."""
 
 TEST_FILE = "tests/test_ppo_cartpole.py"
 WIRING = "rollout_reaches_gae"
@@ -88,4 +89,21 @@ MUTANTS = [
      "    if args.total_timesteps % args.batch_size != 0:\n        print(",
      "    if False:\n        print(",
      "budget"),
+    # Written before their tests (issue 34): plausible one-line bugs of main()'s glue, each leaving the script
+    # running and learning something; no selector, the whole test file must catch them.
+    ("main: minibatches not shuffled (the same slices of the batch in every epoch)",
+     "b_inds = torch.randperm(args.batch_size, device=device)",
+     "b_inds = torch.arange(args.batch_size, device=device)"),
+    ("main: explained variance with predictions and targets swapped",
+     "y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()",
+     "y_pred, y_true = b_returns.cpu().numpy(), b_values.cpu().numpy()"),
+    ("main: entropy bonus summed over the minibatch instead of averaged",
+     "entropy_loss = entropy.mean()",
+     "entropy_loss = entropy.sum()"),
+    ("main: --target-kl compared with old_approx_kl (k1) instead of approx_kl (k3)",
+     "if args.target_kl is not None and approx_kl > args.target_kl:",
+     "if args.target_kl is not None and old_approx_kl > args.target_kl:"),
+    ("main: returns flattened env by env while the other arrays go step by step",
+     "b_returns = to_torch(returns.reshape(-1))",
+     "b_returns = to_torch(returns.swapaxes(0, 1).reshape(-1))"),
 ]

@@ -1,7 +1,8 @@
 """Breakages of ppo_walker2d.py that tests/test_ppo_walker2d.py must catch (run by benchmarks/mutation_check.py).
 
 Each entry is (name, text found exactly once in the script, its replacement, pytest -k selector of the tests
-expected to catch it)."""
+expected to catch it; the "main: ..."
+ones have none: the whole file must catch them)."""
 
 TEST_FILE = "tests/test_ppo_walker2d.py"
 WIRING = "rollout_reaches_gae or truncation_bootstrap_uses"
@@ -92,4 +93,21 @@ MUTANTS = [
      "    if args.total_timesteps % args.batch_size != 0:\n        print(",
      "    if False:\n        print(",
      "budget"),
+    # Written before their tests (issue 34): plausible one-line bugs of main()'s glue, each leaving the script
+    # running and learning something; no selector, the whole test file must catch them.
+    ("main: observations clipped at --reward-clip instead of --obs-clip",
+     "next_obs = normalize_obs(next_obs_raw, obs_rms, args.obs_clip)\n                if",
+     "next_obs = normalize_obs(next_obs_raw, obs_rms, args.reward_clip)\n                if"),
+    ("main: the reward scaler's discounted return runs on across truncations",
+     "rewards[step] = reward_scaler(reward, done)",
+     "rewards[step] = reward_scaler(reward, terminated)"),
+    ("main: clipfrac counts only the ratios above 1 + clip_coef",
+     "clipfracs.append(((ratio - 1.0).abs() > args.clip_coef).float().mean())",
+     "clipfracs.append((ratio > 1.0 + args.clip_coef).float().mean())"),
+    ("main: learning rate annealed by env steps over --total-timesteps (not whole batches)",
+     "lrnow = (1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate",
+     "lrnow = (1.0 - global_step / args.total_timesteps) * args.learning_rate"),
+    ("main: the update normalizes the stored (already normalized) observations again",
+     "b_obs = to_torch(obs.reshape((-1, obs_dim)))",
+     "b_obs = to_torch(normalize_obs(obs, obs_rms, args.obs_clip).reshape((-1, obs_dim)))"),
 ]
