@@ -67,3 +67,248 @@ def test_epsilon_ablation_rejects_bad_input_before_running(kw, flag, tmp_path):
         epsilon_ablation.main(epsilon_ablation.Args(name="never_run", out=str(tmp_path), **kw))
     assert not os.listdir(tmp_path)
     assert not os.path.exists(os.path.join(ROOT, "benchmarks", "runs", "never_run"))
+
+
+# ------------------------------------------------------------------------- rlhf_overoptimization (issue 31)
+
+rlhf_overoptimization = load("rlhf_overoptimization")
+OVEROPT_TRAIN_PROMPTS = ["I loved this great film and", "What an awful, boring movie:", "A happy story, and",
+                         "The sad ending made me"]
+
+
+def brute_force_best_of_n(proxy, gold, n):
+    """Mean over every n-subset of a row's samples of the proxy and gold of the subset's best by proxy; a tie
+    for the best is broken at random, so a subset counts the mean gold of its tied best."""
+    import itertools
+
+    proxies, golds = [], []
+    for subset in itertools.combinations(range(len(proxy)), n):
+        top = max(proxy[i] for i in subset)
+        best = [i for i in subset if proxy[i] == top]
+        proxies.append(top)
+        golds.append(sum(gold[i] for i in best) / len(best))
+    return sum(proxies) / len(proxies), sum(golds) / len(golds)
+
+
+def test_overopt_best_of_n_is_the_average_over_all_n_subsets():
+    rng = np.random.default_rng(0)
+    proxy = np.vstack([rng.normal(size=7), rng.integers(0, 3, size=7).astype(float),  # ties
+                       np.full(7, 0.5), [3.0, 1.0, 3.0, 2.0, 1.0, 3.0, 0.0]])
+    gold = rng.normal(size=proxy.shape)
+    for n in range(1, 8):
+        got_proxy, got_gold = rlhf_overoptimization.best_of_n(proxy, gold, n)
+        for row in range(len(proxy)):
+            want_proxy, want_gold = brute_force_best_of_n(proxy[row].tolist(), gold[row].tolist(), n)
+            assert got_proxy[row] == pytest.approx(want_proxy, abs=1e-12)
+            assert got_gold[row] == pytest.approx(want_gold, abs=1e-12)
+    # n = 1 is the plain mean; n = N the best of all (the mean gold of the tied best in row 3)
+    np.testing.assert_allclose(rlhf_overoptimization.best_of_n(proxy, gold, 1)[1], gold.mean(1))
+    assert rlhf_overoptimization.best_of_n(proxy, gold, 7)[1][3] == pytest.approx(gold[3, [0, 2, 5]].mean())
+
+
+def test_overopt_best_of_n_kl_is_the_kl_of_the_maximum_of_n_uniforms():
+    assert rlhf_overoptimization.best_of_n_kl(1) == 0.0
+    assert rlhf_overoptimization.best_of_n_kl(2) == pytest.approx(np.log(2) - 0.5, abs=1e-15)
+    # independently: the best of n draws has density n u^(n-1) on the quantile u of the initial policy,
+    # KL = integral over u of n u^(n-1) log(n u^(n-1)), by the midpoint rule
+    u = (np.arange(200_000) + 0.5) / 200_000
+    for n in (2, 5, 16):
+        density = n * u ** (n - 1)
+        assert rlhf_overoptimization.best_of_n_kl(n) == pytest.approx(np.mean(density * np.log(density)),
+                                                                     abs=1e-6)
+
+
+@pytest.mark.parametrize("form, alpha, beta", [("rl", 0.3, 0.2), ("rl", 0.05, 0.1), ("bon", 0.4, 0.15),
+                                               ("bon", 0.2, 0.05), ("rl", -0.1, 0.3), ("bon", -0.1, 0.3)])
+def test_overopt_fits_recover_the_forms_and_their_peaks(form, alpha, beta):
+    d = np.concatenate([[0.0], np.linspace(0.05, 4.0, 30)])
+    curve = d * (alpha - beta * (np.log(np.where(d > 0, d, 1.0)) if form == "rl" else d))
+    fitted = rlhf_overoptimization.fit_gold(d, curve, form)
+    assert fitted == pytest.approx((alpha, beta), abs=1e-9)
+    grid = np.linspace(1e-4, 50, 2_000_001)
+    values = grid * (alpha - beta * (np.log(grid) if form == "rl" else grid))
+    peak = rlhf_overoptimization.gold_peak(alpha, beta, form)
+    assert peak == pytest.approx(grid[values.argmax()], abs=1e-4)
+    assert rlhf_overoptimization.gold_peak(alpha, -beta, form) is None  # never turns down
+    assert rlhf_overoptimization.fit_gold([0.0, 1.0], [0.0, 0.3], form) is None  # one point with d > 0
+
+
+def test_overopt_repeated_words_and_disagreements():
+    assert rlhf_overoptimization.repeated_word_share("Good, good GOOD film.") == pytest.approx(0.5)
+    assert rlhf_overoptimization.repeated_word_share("...") == 0.0
+    picked = rlhf_overoptimization.disagreements(["a", "b", "c", "d"], [3.0, 2.0, 1.0, 0.0],
+                                                 [0.0, 1.0, 2.0, 3.0], 2)
+    assert [t for t, _, _ in picked] == ["a", "b"]
+
+
+def test_overopt_cli_subcommands_and_flag_checks():
+    import tyro
+
+    args = tyro.cli(rlhf_overoptimization.Command, args=["ppo", "--proxies", "a", "--kl-coefs", "0.01",
+                                                         "--ppo-flags=--model-name m --total-episodes 64"])
+    assert isinstance(args, rlhf_overoptimization.Ppo)
+    assert args.ppo_flags == "--model-name m --total-episodes 64"
+    command = rlhf_overoptimization.command_of("ppo", args)
+    assert command.endswith("ppo --proxies a --kl-coefs 0.01 --ppo-flags='--model-name m "
+                            "--total-episodes 64'")
+    again = tyro.cli(rlhf_overoptimization.Command, args=__import__("shlex").split(command)[2:])
+    assert again == args
+    run_args = rlhf_overoptimization.parse_ppo_flags("--model-name m --temperature 0.5", reward_model="r",
+                                                     kl_coef=0.02)
+    assert (run_args.model_name, run_args.temperature, run_args.reward_model, run_args.kl_coef,
+            run_args.kl_target) == ("m", 0.5, "r", 0.02, None)  # a fixed coefficient unless the flags say
+    assert rlhf_overoptimization.parse_ppo_flags("--kl-target 3", kl_coef=0.1).kl_target == 3.0
+    with pytest.raises(SystemExit, match="--kl-coef"):
+        rlhf_overoptimization.parse_ppo_flags("--kl-coef 0.3", reward_model="r", kl_coef=0.02)
+    with pytest.raises(SystemExit, match="--proxies /no/such/proxy"):
+        rlhf_overoptimization.main(rlhf_overoptimization.Ppo(proxies=["/no/such/proxy"]))
+
+
+@pytest.fixture(scope="module")
+def overopt_models(tmp_path_factory):
+    """A tiny GPT-2 policy and two tiny one-label proxy reward models with a reward_bias, saved with
+    save_pretrained (no model hub here), and a file of training prompts with sentiment words."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import (GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel,
+                              PreTrainedTokenizerFast)
+
+    root = tmp_path_factory.mktemp("overopt")
+    eos = "<|endoftext|>"
+    texts = OVEROPT_TRAIN_PROMPTS + rlhf_overoptimization.rlhf.EVAL_PROMPTS + [
+        "It was great. I loved it, a wonderful film.", "Terrible acting, an awful plot. A bad, sad movie."]
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.train_from_iterator(texts, trainers.BpeTrainer(
+        vocab_size=300, special_tokens=[eos], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False))
+    hf_tokenizer = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=eos, eos_token=eos,
+                                           unk_token=eos)
+    eos_id = hf_tokenizer.eos_token_id
+    torch.manual_seed(0)
+    config = dict(vocab_size=len(hf_tokenizer), n_positions=64, n_embd=16, n_layer=1, n_head=2,
+                  bos_token_id=eos_id, eos_token_id=eos_id)
+    GPT2LMHeadModel(GPT2Config(**config)).save_pretrained(root / "policy")
+    hf_tokenizer.save_pretrained(root / "policy")
+    for name, bias in (("proxy_small", 0.7), ("proxy_large", -0.3)):
+        proxy = GPT2ForSequenceClassification(GPT2Config(num_labels=1, **config))
+        proxy.config.reward_bias = bias
+        proxy.save_pretrained(root / name)
+        hf_tokenizer.save_pretrained(root / name)
+    (root / "prompts.txt").write_text("\n".join(OVEROPT_TRAIN_PROMPTS) + "\n")
+    return root
+
+
+def overopt_flags(root, tmp_path, **extra) -> str:
+    flags = dict(model_name=root / "policy", prompts_file=root / "prompts.txt", runs_dir=tmp_path / "runs",
+                 batch_size=4, num_minibatches=2, total_episodes=8, response_length=6, min_response_length=0,
+                 norm_batches=1, eval_episodes=4, local_rollout_forward_batch_size=3, update_epochs=1,
+                 learning_rate=1e-3)
+    flags.update(extra)
+    return "--no-cuda " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in flags.items())
+
+
+def independent_proxy(folder, texts):
+    """The proxy's normalized score of each text, one text at a time (no padding), with plain transformers."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
+    with torch.no_grad():
+        return [model(**tokenizer(t, return_tensors="pt")).logits[0, 0].item() + model.config.reward_bias
+                for t in texts]
+
+
+def test_overopt_wrapped_reward_records_gold_of_the_scored_texts_by_phase(overopt_models, tmp_path,
+                                                                          monkeypatch):
+    from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
+
+    rlhf = rlhf_overoptimization.rlhf
+    real = rlhf.load_reward_fn, rlhf.sample_and_score, rlhf.evaluate
+    proxy = str(overopt_models / "proxy_small")
+    run_args = rlhf_overoptimization.parse_ppo_flags(overopt_flags(overopt_models, tmp_path),
+                                                     reward_model=proxy, kl_coef=0.1)
+    result, batches = rlhf_overoptimization.record_ppo_run(run_args)
+    assert (rlhf.load_reward_fn, rlhf.sample_and_score, rlhf.evaluate) == real
+    # order of main(): normalization batch, initial evaluation, 2 iterations, final evaluation (4 responses
+    # each, the reward function called in chunks of 3)
+    assert [(b["phase"], b["iteration"], len(b["texts"]), b["calls"]) for b in batches] == [
+        ("normalization", 0, 4, 2), ("eval", 0, 4, 2), ("train", 1, 4, 2), ("train", 2, 4, 2),
+        ("eval", 2, 4, 2)]
+    analyzer = SentimentIntensityAnalyzer()
+    gold = [g for b in batches for g in b["gold"]]
+    texts = [t for b in batches for t in b["texts"]]
+    # the reward function returns float32 tensors, as ppo_rlhf_gpt2's vader does
+    assert gold == [float(np.float32(analyzer.polarity_scores(t)["compound"])) for t in texts]
+    assert len(set(gold)) > 1  # the prompts carry sentiment: not a trivially constant gold
+    np.testing.assert_allclose([p for b in batches for p in b["proxy"]],
+                               independent_proxy(overopt_models / "proxy_small", texts), atol=1e-4)
+    for b in batches:  # evaluation on the held-out prompts, the rest on the training prompts
+        prompts = rlhf.EVAL_PROMPTS if b["phase"] == "eval" else OVEROPT_TRAIN_PROMPTS
+        assert all(any(t.startswith(p) for p in prompts) for t in b["texts"]), b["phase"]
+        assert all(t.endswith(r) for t, r in zip(b["texts"], b["responses"]))
+    summary = rlhf_overoptimization.summarize_run(run_args, result, batches, keep_iterations=1)
+    assert [it["iteration"] for it in summary["iterations"]] == [1, 2]
+    assert summary["iterations"][1]["gold"] == pytest.approx(np.mean(batches[3]["gold"]))
+    assert summary["initial"]["gold"] == pytest.approx(np.mean(batches[0]["gold"] + batches[2]["gold"]))
+    assert [e["after_iteration"] for e in summary["eval"]] == [0, 2]
+    assert [s["iteration"] for s in summary["samples"]] == [2]
+
+    # restored also when the run fails, after the reward function was loaded and used
+    def broken_gae(*a, **kw):
+        raise RuntimeError("broken on purpose")
+
+    monkeypatch.setattr(rlhf, "compute_gae", broken_gae)
+    with pytest.raises(RuntimeError, match="on purpose"):
+        rlhf_overoptimization.record_ppo_run(run_args)
+    assert (rlhf.load_reward_fn, rlhf.sample_and_score, rlhf.evaluate) == real
+
+
+def test_overopt_end_to_end_writes_the_page_and_the_figure(overopt_models, tmp_path):
+    import json
+
+    root, out = overopt_models, str(tmp_path / "overopt")
+    proxies = [str(root / "proxy_small"), str(root / "proxy_large")]
+    flags = overopt_flags(root, tmp_path, total_episodes=12)
+    rlhf_overoptimization.main(rlhf_overoptimization.BestOfN(  # prompts with sentiment: gold not all 0
+        proxies=proxies, proxy_names=["small", "large"], n=4, num_prompts=3, batch_size=5, ppo_flags=flags,
+        prompts_file=str(root / "prompts.txt"), out=out))
+    rlhf_overoptimization.main(rlhf_overoptimization.Ppo(
+        proxies=proxies[:1], proxy_names=["small"], kl_coefs=[0.05], ppo_flags=flags, keep_iterations=2,
+        out=out))
+    rlhf_overoptimization.main(rlhf_overoptimization.Report(out=out, num_disagreements=2))
+    page = open(out + ".md").read()
+    assert os.path.getsize(out + ".png") > 10_000
+
+    bon = json.load(open(out + ".best_of_n.json"))
+    assert np.array(bon["gold"]).shape == (3, 4)
+    assert bon["prompts"] == OVEROPT_TRAIN_PROMPTS[:3]
+    # the n = 4 = N row of the small proxy, computed here: the gold of each prompt's best by proxy (a tie
+    # would share), minus the mean of all
+    proxy, gold = np.array(bon["proxies"][0]["scores"]), np.array(bon["gold"])
+    best = np.mean([gold[i][proxy[i] == proxy[i].max()].mean() for i in range(3)])
+    assert len(set(gold.ravel())) > 1 and best != gold.mean()
+    kl4 = np.log(4) - 3 / 4
+    assert f"| 4 | {kl4:.4f} | {np.sqrt(kl4):.4f} | " in page
+    assert f"| {best - gold.mean():+.4f} |" in page
+    ppo = json.load(open(out + ".ppo.json"))
+    assert len(ppo) == 1 and len(ppo[0]["iterations"]) == 3
+    for heading in ["## Fits of Gao et al.'s forms", "## Best-of-n", "## PPO on small, kl_coef 0.05 (fixed)",
+                    "## What the policy learned", "## Where proxy and gold disagree most", "**small**",
+                    "**large**", "| curve | alpha | beta | peak d*", "| iteration | KL (nats) | d |",
+                    "| after iteration |", "| best-of-4, small |", "| PPO kl_coef 0.05, small |",
+                    "**PPO kl_coef 0.05, small, iterations 2-3**"]:
+        assert heading in page, heading
+    # every table names its command
+    assert "Command [1]: `python experiments/rlhf_overoptimization.py best-of-n --proxies" in page
+    assert "Command [2]: `python experiments/rlhf_overoptimization.py ppo --proxies" in page
+    assert page.count("Commands: [1] `python experiments/rlhf_overoptimization.py best-of-n") == 3
+    assert "| best-of-n, small | " in page and "| [1] |" in page and "| [2] |" in page
+    assert "`python experiments/rlhf_overoptimization.py report --out" in page
+    # a hand-written reading survives a rerun
+    with open(out + ".md", "a") as f:
+        f.write("\n<!-- reading -->\nThe gold peaks early.\n")
+    rlhf_overoptimization.main(rlhf_overoptimization.Report(out=out, num_disagreements=2))
+    assert open(out + ".md").read().endswith("<!-- reading -->\nThe gold peaks early.\n")
