@@ -1,3 +1,4 @@
+import copy
 import os
 
 import numpy as np
@@ -134,6 +135,30 @@ def test_categorical_logprob_entropy_and_sampling():
     torch.testing.assert_close(frequencies, probs[0], atol=0.015, rtol=0)
 
 
+def test_final_observations_replaces_autoreset_observations():
+    next_obs = np.zeros((3, 2), dtype=np.float32)
+    infos = {"final_obs": np.array([None, np.array([7.0, 8.0]), None], dtype=object),
+             "_final_obs": np.array([False, True, False])}
+    np.testing.assert_array_equal(ppo_cartpole.final_observations(next_obs, infos), [[0, 0], [7, 8], [0, 0]])
+    assert not next_obs.any()  # the observations the next step acts on are left alone
+    assert ppo_cartpole.final_observations(next_obs, {}) is next_obs
+
+
+def test_networks_start_orthogonal_with_the_gains_of_detail_2():
+    torch.manual_seed(0)
+    agent = ppo_cartpole.Agent(4, 3)
+    for net, out_gain in ((agent.critic, 1.0), (agent.actor, 0.01)):
+        layers = [layer for layer in net if isinstance(layer, torch.nn.Linear)]
+        shapes = [(layer.in_features, layer.out_features) for layer in layers]
+        assert shapes == [(4, 64), (64, 64), (64, 1 if net is agent.critic else 3)]
+        for layer, gain in zip(layers, (2**0.5, 2**0.5, out_gain)):
+            w = layer.weight.detach().double()
+            small = w.T @ w if w.shape[0] >= w.shape[1] else w @ w.T  # orthonormal columns or rows, x gain
+            eye = torch.eye(min(w.shape), dtype=torch.float64)
+            torch.testing.assert_close(small, gain**2 * eye, rtol=0, atol=gain**2 * 1e-5)
+            assert not layer.bias.any()
+
+
 def test_value_loss_clipping():
     newvalue = torch.tensor([3.0], requires_grad=True)
     values, returns = torch.tensor([1.0]), torch.tensor([0.0])
@@ -257,9 +282,9 @@ def test_entropy_bonus_raises_the_entropy(tmp_path, spy, monkeypatch):
     watch = spy(ppo_cartpole)
     # one update, with a bonus large enough to outweigh the policy gradient
     ppo_cartpole.main(tiny_args(tmp_path, total_timesteps=16, ent_coef=10.0, learning_rate=1e-2))
-    obs = torch.as_tensor(np.concatenate([x for x, _, _ in watch.acted]), dtype=torch.float32)
-    with torch.no_grad():
-        entropy = [ppo_cartpole.categorical_entropy(agent.actor(obs).log_softmax(-1)).mean().item()
+    obs = np.concatenate([x for x, _, _ in watch.acted])
+    with torch.no_grad():  # by the softmax formula, not the script's categorical_entropy
+        entropy = [by_hand_policy(agent, obs, np.zeros(len(obs)))[1].mean().item()
                    for agent in (watch.initial_agent, watch.agent)]
     assert entropy[1] > entropy[0] + 0.1
 
@@ -283,24 +308,222 @@ def test_target_kl_stops_the_epochs_of_an_update(tmp_path, spy):
     watch = spy(ppo_cartpole, ["compute_gae", "policy_loss"])
     args = tiny_args(tmp_path, update_epochs=4, target_kl=1e-4)
     ppo_cartpole.main(args)
-    epochs_run = []
+    epochs_run, differ = [], 0
     for gae, *pg in watch.updates(first="compute_gae"):
         assert len(pg) % args.num_minibatches == 0
         # approx_kl of each epoch's last minibatch, from the log-probabilities that minibatch's loss saw
-        kl = []
+        kl, k1 = [], []
         for call in pg[args.num_minibatches - 1 :: args.num_minibatches]:
             logratio = call["args"]["newlogprob"] - call["args"]["logprobs"]
             kl.append(np.mean(np.expm1(logratio) - logratio))
+            k1.append(np.mean(-logratio))
         # the epochs go on while approx_kl stays at or below the target, and stop after the first one above it
         assert all(k <= args.target_kl for k in kl[:-1])
         assert len(kl) == args.update_epochs or kl[-1] > args.target_kl
         epochs_run.append(len(kl))
+        differ += sum((a > args.target_kl) != (b > args.target_kl) for a, b in zip(kl, k1))
     assert min(epochs_run) < args.update_epochs  # the target was reached
+    assert differ > 0  # and somewhere old_approx_kl (the k1 estimator) would have decided otherwise
 
 
 def test_learning_rate_is_constant_without_anneal_lr(tmp_path, read_events):
     result = ppo_cartpole.main(tiny_args(tmp_path, anneal_lr=False, learning_rate=3e-3))
     assert [e.value for e in read_events(result["run_dir"]).Scalars("charts/learning_rate")] == pytest.approx([3e-3] * 2)
+
+
+# ------------------------------------------------------------------ main()'s glue, worked out independently
+
+
+def by_hand_policy(agent, obs, actions):
+    """log pi(a | s) of the given actions and the entropy of pi(. | s), from the actor's logits by the softmax
+    formula (none of the script's helpers), with the graph kept for gradients."""
+    logits = agent.actor(torch.as_tensor(obs, dtype=torch.float32))
+    log_probs = logits - logits.exp().sum(-1, keepdim=True).log()
+    logprob = log_probs[torch.arange(len(obs)), torch.as_tensor(actions, dtype=torch.long)]
+    return logprob, -(log_probs.exp() * log_probs).sum(-1)
+
+
+def rollout_rows(watch, args, iteration, critic):
+    """Rollout `iteration` of a watched run, one row per (step, env), worked out by the test from the env's
+    own record: the observation and action the agent acted on, the log-probability it stored, V(s) by the
+    critic that computed the advantages, the advantage as the explicit sum of discounted TD residuals (the
+    bootstrap: V(next observation), V(final observation) at a truncation, nothing after a termination) and
+    the return."""
+    T = args.num_steps
+    env, acted = watch.rollout(iteration * T, T), watch.acted[iteration * T : (iteration + 1) * T]
+    obs = np.stack([x for x, _, _ in acted])
+    np.testing.assert_array_equal(obs, env.obs)
+    values = value_of(critic, obs)
+    next_values = value_of(critic, np.concatenate([env.obs[1:], env.next_obs[None]]))
+    next_values[env.truncated] = value_of(critic, env.final_obs[env.truncated])
+    advantages = np.array(gae_reference(env.rewards.tolist(), values.tolist(), next_values.tolist(),
+                                        env.terminated.tolist(), env.dones.tolist(), args.gamma,
+                                        args.gae_lambda))
+    flat = lambda x: x.reshape(T * args.num_envs, *x.shape[2:])
+    return dict(obs=flat(obs), actions=flat(np.stack([a for _, a, _ in acted])),
+                logprobs=flat(np.stack([lp for _, _, lp in acted])), values=flat(values),
+                advantages=flat(advantages), returns=flat(advantages + values))
+
+
+def which_rows(rows, logprobs, values, returns):
+    """The rollout row each sample of a minibatch is, found by its stored log-probability, value and return
+    (identical rows are interchangeable: the first is taken); fails for a sample that is no row."""
+    found = []
+    for logprob, value, ret in zip(logprobs, values, returns):
+        same = ((np.abs(rows["logprobs"] - logprob) <= 1e-6) & (np.abs(rows["values"] - value) <= 1e-5)
+                & np.isclose(rows["returns"], ret, rtol=1e-5, atol=1e-5))
+        assert same.any(), f"a minibatch sample (log-prob {logprob}, value {value}, return {ret}) is no row"
+        found.append(np.flatnonzero(same)[0])
+    return np.array(found)
+
+
+def watched_minibatches(watch, args):
+    """For each update of a run watched by spy(module, ["compute_gae", "policy_loss", "value_loss"]): the
+    rollout's rows, and per minibatch its rows, its policy_loss and value_loss calls and the agent they
+    saw."""
+    updates = []
+    for iteration, (gae, *calls) in enumerate(watch.updates(first="compute_gae")):
+        rows = rollout_rows(watch, args, iteration, gae["agent"])
+        pg = [c for c in calls if c["name"] == "policy_loss"]
+        vf = [c for c in calls if c["name"] == "value_loss"]
+        assert len(pg) == len(vf)
+        found = [which_rows(rows, p["args"]["logprobs"], v["args"]["values"], v["args"]["returns"])
+                 for p, v in zip(pg, vf)]
+        updates.append((rows, [dict(pg=p, vf=v, agent=p["agent"], rows=f) for p, v, f in zip(pg, vf, found)]))
+    return updates
+
+
+def standardized(x):
+    return (x - x.mean()) / (x.std(ddof=1) + 1e-8)
+
+
+class LeaningAgent(ppo_cartpole.Agent):
+    """A policy that is not uniform at any state (the initial one is, at TinyDiscrete's first observation
+    [0]), so that the stored log-probability tells the actions apart, while both are still taken."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        with torch.no_grad():
+            self.actor[-1].bias.copy_(torch.tensor([0.5, -0.5]))
+
+
+LOGGED = ("charts/learning_rate", "losses/value_loss", "losses/policy_loss", "losses/entropy",
+          "losses/old_approx_kl", "losses/approx_kl", "losses/clipfrac", "losses/explained_variance")
+
+
+def test_main_passes_each_quantity_where_it_belongs(tmp_path, spy, read_events, monkeypatch):
+    """Every value main() hands from the rollout to the losses and the logs, checked against numbers the test
+    works out itself, in a run where the wrong wirings differ: 3 epochs of 4 minibatches (a reused or
+    unshuffled minibatch, a value recomputed or not, shows), episodes of 3 and 4 steps with lambda 0.8 (GAE
+    is not TD(0)), truncations, terminations and a rollout end inside an episode, 3 updates (the critic has
+    learned: values differ from returns), a budget that is not whole batches, and a clip_coef small enough
+    that ratios leave the clip range on both sides."""
+    monkeypatch.setattr(ppo_cartpole, "Agent", LeaningAgent)
+    watch = spy(ppo_cartpole, ["compute_gae", "policy_loss", "value_loss"])
+    args = tiny_args(tmp_path, total_timesteps=50, update_epochs=3, num_minibatches=4, clip_coef=0.02,
+                     learning_rate=1e-2, gae_lambda=0.8)
+    events = read_events(ppo_cartpole.main(args)["run_dir"])
+    logged = {tag: [e.value for e in events.Scalars(tag)] for tag in LOGGED}
+    updates = watched_minibatches(watch, args)
+    assert len(updates) == args.num_iterations == 3
+    ratios = []
+    for iteration, (rows, minibatches) in enumerate(updates):
+        assert len(minibatches) == args.update_epochs * args.num_minibatches
+        partitions = []
+        for epoch in range(args.update_epochs):
+            in_epoch = minibatches[epoch * args.num_minibatches : (epoch + 1) * args.num_minibatches]
+            # each epoch passes over every sample of the rollout once, in minibatches of minibatch_size (a
+            # row stands for all rows identical to it, which the minibatches cannot tell apart)
+            assert all(len(mb["rows"]) == args.minibatch_size for mb in in_epoch)
+            seen = np.concatenate([mb["rows"] for mb in in_epoch])
+            assert sorted(seen) == sorted(which_rows(rows, rows["logprobs"], rows["values"], rows["returns"]))
+            partitions.append(sorted(tuple(sorted(mb["rows"])) for mb in in_epoch))
+        # detail 6: the batch is shuffled again for every epoch
+        assert partitions[0] != partitions[1] != partitions[2]
+        for mb in minibatches:
+            r, pg, vf = mb["rows"], mb["pg"]["args"], mb["vf"]["args"]
+            # each sample's own return; its advantage standardized within the minibatch (detail 7)
+            np.testing.assert_allclose(vf["returns"], rows["returns"][r], rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(pg["advantages"], standardized(rows["advantages"][r]), atol=1e-4)
+            # the new log-probability and value: the current agent on the sample's observation and action
+            with torch.no_grad():
+                newlogprob, _ = by_hand_policy(mb["agent"], rows["obs"][r], rows["actions"][r])
+            np.testing.assert_allclose(pg["newlogprob"], newlogprob.numpy(), atol=1e-5)
+            np.testing.assert_allclose(vf["newvalue"], value_of(mb["agent"], rows["obs"][r]), atol=1e-5)
+            ratios.append(np.exp(pg["newlogprob"] - pg["logprobs"]))
+        # the logs: the last minibatch's losses and statistics, the clip fraction of all minibatches, the
+        # explained variance of the rollout's values as predictions of its returns, this iteration's rate
+        last = minibatches[-1]
+        logratio = last["pg"]["args"]["newlogprob"] - last["pg"]["args"]["logprobs"]
+        with torch.no_grad():
+            _, entropy = by_hand_policy(last["agent"], rows["obs"][last["rows"]],
+                                        rows["actions"][last["rows"]])
+        clipped = [np.abs(np.exp(mb["pg"]["args"]["newlogprob"] - mb["pg"]["args"]["logprobs"]) - 1)
+                   > args.clip_coef for mb in minibatches]
+        expected = {
+            "charts/learning_rate": args.learning_rate * (1 - iteration / args.num_iterations),
+            "losses/value_loss": last["vf"]["result"],
+            "losses/policy_loss": last["pg"]["result"][0],
+            "losses/entropy": entropy.mean().item(),
+            "losses/old_approx_kl": np.mean(-logratio),
+            "losses/approx_kl": np.mean(np.expm1(logratio) - logratio),
+            "losses/clipfrac": np.mean([c.mean() for c in clipped]),
+            "losses/explained_variance": 1 - np.var(rows["returns"] - rows["values"])
+                                         / np.var(rows["returns"]),
+        }
+        for tag, value in expected.items():
+            assert logged[tag][iteration] == pytest.approx(value, rel=1e-4, abs=1e-6), tag
+    # the run holds what the checks above need to tell right from wrong
+    env = watch.rollout(0, args.num_iterations * args.num_steps)
+    assert env.terminated.any() and env.truncated.any() and not env.dones[args.num_steps - 1].all()
+    ratios = np.concatenate(ratios)
+    assert (ratios < 1 - args.clip_coef).any() and (ratios > 1 + args.clip_coef).any()
+    assert all(abs(logged["losses/explained_variance"][i]) > 1e-3 for i in range(1, args.num_iterations))
+
+
+def test_each_step_applies_the_clipped_gradient_of_the_loss_to_every_parameter(tmp_path, spy, optimizer_steps,
+                                                                              monkeypatch):
+    """Details 10 and 11 on every optimizer step of a run (2 updates x 2 epochs x 2 minibatches, an entropy
+    bonus on): the gradient applied is that of pg_loss - ent_coef * entropy + vf_coef * v_loss on the
+    minibatch, worked out in the test from the agent as the step found it, scaled to norm max_grad_norm;
+    every parameter gets a nonzero one; the policy loss and the entropy reach the actor only, the value
+    loss the critic only."""
+    monkeypatch.setattr(ppo_cartpole, "Agent", LeaningAgent)
+    watch = spy(ppo_cartpole, ["compute_gae", "policy_loss", "value_loss"])
+    args = tiny_args(tmp_path, ent_coef=0.1, clip_coef=0.1, learning_rate=1e-2)
+    ppo_cartpole.main(args)
+    minibatches = [(rows, mb) for rows, update in watched_minibatches(watch, args) for mb in update]
+    assert len(optimizer_steps) == len(minibatches) == args.num_iterations * args.update_epochs * 2
+    for step, (rows, mb) in zip(optimizer_steps, minibatches):
+        agent, r = copy.deepcopy(mb["agent"]), mb["rows"]
+        newlogprob, entropy = by_hand_policy(agent, rows["obs"][r], rows["actions"][r])
+        ratio = (newlogprob.double() - torch.as_tensor(rows["logprobs"][r])).exp()
+        advantages = torch.as_tensor(standardized(rows["advantages"][r]))
+        clipped_ratio = ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)
+        pg_loss = torch.max(-advantages * ratio, -advantages * clipped_ratio).mean()
+        newvalue = agent.critic(torch.as_tensor(rows["obs"][r], dtype=torch.float32)).squeeze(-1)
+        v_loss = 0.5 * ((newvalue.double() - torch.as_tensor(rows["returns"][r])) ** 2).mean()
+        loss = pg_loss - args.ent_coef * entropy.double().mean() + args.vf_coef * v_loss
+        grads = torch.autograd.grad(loss, list(agent.parameters()))
+        norm = torch.sqrt(sum((g.double() ** 2).sum() for g in grads)).item()
+        assert norm > args.max_grad_norm  # so that the clipping shows
+        for applied, grad in zip(step.grads, grads):
+            expected = grad * args.max_grad_norm / (norm + 1e-6)
+            torch.testing.assert_close(applied, expected, rtol=1e-3, atol=1e-6)
+            assert applied.abs().max() > 0  # every parameter learns
+    # which loss reaches which parameters (detail 13: separate networks), through the script's own forward
+    rows, first = minibatches[0]
+    agent, r, pg = copy.deepcopy(first["agent"]), first["rows"], first["pg"]["args"]
+    obs, actions = torch.as_tensor(rows["obs"][r], dtype=torch.float32), torch.as_tensor(rows["actions"][r])
+    _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, actions.long())
+    pg_loss, _, _ = ppo_cartpole.policy_loss(newlogprob, torch.as_tensor(pg["logprobs"]).float(),
+                                             torch.as_tensor(pg["advantages"]).float(), args.clip_coef)
+    returns = torch.as_tensor(rows["returns"][r]).float()
+    v_loss = ppo_cartpole.value_loss(newvalue, newvalue.detach(), returns, args.clip_coef, False)
+    names, params = zip(*agent.named_parameters())
+    for loss, network in ((pg_loss, "actor."), (entropy.mean(), "actor."), (v_loss, "critic.")):
+        for name, grad in zip(names, torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)):
+            assert (grad is not None and grad.abs().max() > 0) == name.startswith(network), (name, network)
 
 
 # ---------------------------------------------------------------------------- bad input
