@@ -64,6 +64,29 @@ def test_running_mean_std_matches_numpy_over_all_batches():
     np.testing.assert_allclose(rms.var, data.var(0), rtol=1e-4)
 
 
+def test_running_mean_std_holds_the_prior_and_batches_of_any_size():
+    # batches of 1, 2 and 7 rows (a single row has variance 0), against the mixture of all rows with the prior
+    rng = np.random.default_rng(1)
+    batches = [rng.normal(-4.0, 0.5, size=(n, 3)) for n in (1, 2, 7, 1)]
+    rms = P.RunningMeanStd(3)
+    for i, batch in enumerate(batches):
+        rms.update(batch)
+        mean, var = mean_and_variance(np.concatenate(batches[: i + 1]))
+        np.testing.assert_allclose(rms.mean, mean, rtol=1e-10)
+        np.testing.assert_allclose(rms.var, var, rtol=1e-8)
+        assert rms.count == pytest.approx(1e-4 + sum(len(b) for b in batches[: i + 1]), rel=1e-12)
+
+
+def test_normalize_obs_by_hand():
+    rms = P.RunningMeanStd(2)
+    rms.mean, rms.var = np.array([1.0, -2.0]), np.array([4.0, 0.25])
+    got = P.normalize_obs(np.array([[3.0, -2.0], [1.0, 0.0], [-9.0, -3.0]]), rms, 3.0)
+    # (3 - 1) / 2 = 1, (-2 + 2) / 0.5 = 0; 0, (0 + 2) / 0.5 = 4 -> 3; (-9 - 1) / 2 = -5 -> -3,
+    # (-3 + 2) / 0.5 = -2
+    np.testing.assert_allclose(got, [[1.0, 0.0], [0.0, 3.0], [-3.0, -2.0]], rtol=1e-6)
+    assert got.dtype == np.float32
+
+
 def test_reward_scaler_divides_by_the_std_of_the_discounted_return():
     scaler = P.RewardScaler(num_envs=2, gamma=0.5, clip=10.0)
     no_done = np.zeros(2, dtype=bool)
@@ -129,6 +152,40 @@ def test_gae_bootstraps_truncation_but_not_termination():
     advantages, returns = P.compute_gae(rewards, values, next_values, terminations, dones, 0.9, 0.95)
     np.testing.assert_allclose(advantages, [[10.0, 10.0, 1.0]])
     np.testing.assert_allclose(returns, advantages)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_gae_matches_explicit_sum_of_td_residuals(seed):
+    # episodes ending at every position, by termination and by truncation, lambda < 1
+    rng = np.random.default_rng(seed)
+    T, N = 19, 5
+    rewards, values, next_values = rng.normal(size=(3, T, N))
+    terminations = rng.random((T, N)) < 0.15
+    dones = terminations | (rng.random((T, N)) < 0.15)
+    assert terminations.any() and (dones & ~terminations).any()
+    advantages, returns = P.compute_gae(rewards, values, next_values, terminations.astype(float),
+                                        dones.astype(float), 0.97, 0.9)
+    expected = gae_reference(rewards.tolist(), values.tolist(), next_values.tolist(), terminations.tolist(),
+                             dones.tolist(), 0.97, 0.9)
+    np.testing.assert_allclose(advantages, expected, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(returns, expected + values, rtol=1e-10, atol=1e-10)
+
+
+def test_networks_start_orthogonal_with_the_gains_of_detail_2():
+    torch.manual_seed(0)
+    agent = P.Agent(5, 3, init_log_std=-0.7)
+    for net, out_dim, out_gain in ((agent.critic, 1, 1.0), (agent.actor_mean, 3, 0.01)):
+        layers = [layer for layer in net if isinstance(layer, torch.nn.Linear)]
+        shapes = [(layer.in_features, layer.out_features) for layer in layers]
+        assert shapes == [(5, 64), (64, 64), (64, out_dim)]
+        for layer, gain in zip(layers, (2**0.5, 2**0.5, out_gain)):
+            w = layer.weight.detach().double()
+            small = w.T @ w if w.shape[0] >= w.shape[1] else w @ w.T  # orthonormal columns or rows, x gain
+            eye = torch.eye(min(w.shape), dtype=torch.float64)
+            torch.testing.assert_close(small, gain**2 * eye, rtol=0, atol=gain**2 * 1e-5)
+            assert not layer.bias.any()
+    # detail 15: one log-std per action dimension, the same for every state
+    assert agent.actor_logstd.shape == (1, 3) and torch.all(agent.actor_logstd == -0.7)
 
 
 def test_gae_two_steps_hand_computed():
@@ -227,14 +284,12 @@ def test_truncation_bootstrap_uses_the_normalized_final_observation(tmp_path, mo
     # both envs are cut by the time limit at step 3, where the final observation is [4]
     np.testing.assert_array_equal(captured["dones"][:, 0], [0, 0, 0, 1, 0, 0])
     assert captured["terminations"].sum() == 0
-    # the statistics at that moment: the reset observations and those of steps 0-2, for both envs
-    rms = P.RunningMeanStd(1)
-    for t in range(4):
-        rms.update(np.full((2, 1), float(t)))
+    # the statistics at that moment: the reset observations and those of steps 0-2, for both envs: 0, 0, 1, 1,
+    # 2, 2, 3, 3, of mean 1.5 and variance 1.25, so [4] is seen as (4 - 1.5) / sqrt(1.25) = sqrt(5)
     with torch.inference_mode():
-        expected = captured["critic"](torch.as_tensor(P.normalize_obs(np.array([[4.0]]), rms, 10.0))).item()
+        expected = captured["critic"](torch.tensor([[math.sqrt(5.0)]])).item()
         unnormalized = captured["critic"](torch.tensor([[4.0]])).item()
-    np.testing.assert_allclose(captured["next_values"][3], [expected, expected], rtol=1e-6)
+    np.testing.assert_allclose(captured["next_values"][3], [expected, expected], rtol=1e-4)
     assert abs(expected - unnormalized) > 1e-4
 
 
@@ -243,26 +298,45 @@ def test_truncation_bootstrap_uses_the_normalized_final_observation(tmp_path, mo
 
 def tiny_args(tmp_path, **kw):
     """Two updates on conftest.py's TinyBox-v0 (time limit 4): 2 envs x 8 steps, so that the rollouts hold
-    terminations, truncations and episodes cut by the end of the rollout."""
+    terminations, truncations and episodes cut by the end of the rollout; clip bounds that differ and that
+    the tiny env's normalized observations (about -1.2 to 2.8) and scaled rewards (the first one is huge)
+    reach."""
     defaults = dict(env_id="TinyBox-v0", num_envs=2, num_steps=8, total_timesteps=32, num_minibatches=2,
-                    update_epochs=2, eval_episodes=0, runs_dir=str(tmp_path), cuda=False)
+                    update_epochs=2, eval_episodes=0, runs_dir=str(tmp_path), cuda=False, obs_clip=1.5,
+                    reward_clip=2.5)
     defaults.update(kw)
     return P.Args(**defaults)
 
 
+def mean_and_variance(rows):
+    """The mean and variance of `rows` mixed with RunningMeanStd's prior (mean 0, variance 1, weight 1e-4):
+    what the running statistics must hold after seeing them, computed in one go."""
+    count = 1e-4 + len(rows)
+    mean = rows.sum(0) / count
+    return mean, (1e-4 + (rows**2).sum(0)) / count - mean**2
+
+
 def as_the_agent_sees_it(watch, args):
-    """Details 19-22 worked out from the env's raw record: each observation standardized with the running
-    statistics of every raw observation up to it, then clipped; the final observation of an episode that ended at
-    step t with the statistics as they were before t's update (NaN where none); the rewards scaled."""
+    """Details 19-22 worked out from the env's raw record with none of the script's helpers: observation t
+    standardized with the statistics of every raw observation up to it, then clipped to obs_clip; the final
+    observation of an episode that ended at step t with the statistics observation t was standardized with
+    (NaN where none); reward t divided by the standard deviation of all discounted returns up to step t (each
+    env's own, restarting after its episode ends), then clipped to reward_clip."""
     record = watch.segments[0]
-    obs_rms, reward_scaler = P.RunningMeanStd(1), P.RewardScaler(args.num_envs, args.gamma, args.reward_clip)
-    obs_rms.update(record["obs"][0])
-    obs, final_obs, rewards = [P.normalize_obs(record["obs"][0], obs_rms, args.obs_clip)], [], []
-    for t, raw in enumerate(record["obs"][1:]):
-        final_obs.append(P.normalize_obs(record["final_obs"][t], obs_rms, args.obs_clip))
-        rewards.append(reward_scaler(record["rewards"][t], record["terminated"][t] | record["truncated"][t]))
-        obs_rms.update(raw)
-        obs.append(P.normalize_obs(raw, obs_rms, args.obs_clip))
+    raw, returns, discounted = np.stack(record["obs"]), [], np.zeros(args.num_envs)
+    obs, final_obs, rewards = [], [], []
+    for t in range(len(raw)):
+        mean, var = mean_and_variance(raw[: t + 1].reshape(-1, raw.shape[-1]))
+        standardize = lambda x: np.clip((x - mean) / np.sqrt(var + 1e-8), -args.obs_clip, args.obs_clip)
+        obs.append(standardize(raw[t]))
+        if t == len(raw) - 1:
+            break
+        final_obs.append(standardize(record["final_obs"][t]))
+        discounted = args.gamma * discounted + record["rewards"][t]
+        returns.append(discounted)
+        std = np.sqrt(mean_and_variance(np.concatenate(returns))[1] + 1e-8)
+        rewards.append(np.clip(record["rewards"][t] / std, -args.reward_clip, args.reward_clip))
+        discounted = np.where(record["terminated"][t] | record["truncated"][t], 0.0, discounted)
     return np.stack(obs), np.stack(final_obs), np.stack(rewards)
 
 
@@ -288,6 +362,9 @@ def test_rollout_reaches_gae_with_the_right_masks_and_bootstraps(tmp_path, spy):
         np.testing.assert_allclose(got["next_values"][~env.terminated], expected[~env.terminated], rtol=1e-5, atol=1e-5)
     env = watch.rollout(0, args.num_iterations * args.num_steps)  # the rollouts hold every case checked above
     assert env.terminated.any() and env.truncated.any() and not env.dones[args.num_steps - 1].all()
+    # both clip bounds were reached, and not everywhere
+    assert 0 < np.mean(np.abs(obs) == args.obs_clip) < 0.5
+    assert 0 < np.mean(np.abs(rewards) == args.reward_clip) < 0.5
 
 
 @pytest.mark.parametrize("norm_adv", [True, False])
@@ -310,7 +387,9 @@ def test_entropy_bonus_raises_the_entropy(tmp_path, spy):
     # one update, with a bonus large enough to outweigh the policy gradient; the entropy of the Gaussian policy
     # grows with its log standard deviation alone
     P.main(tiny_args(tmp_path, total_timesteps=16, ent_coef=10.0, learning_rate=1e-2))
-    entropy = [P.gaussian_entropy(agent.actor_logstd.detach()).item() for agent in (watch.initial_agent, watch.agent)]
+    # by the formula sum_i (1/2 + log(2 pi) / 2 + log sigma_i), not the script's gaussian_entropy
+    entropy = [(0.5 + 0.5 * math.log(2 * math.pi) + agent.actor_logstd.detach()).sum().item()
+               for agent in (watch.initial_agent, watch.agent)]
     assert entropy[1] > entropy[0] + 0.01
 
 
@@ -333,19 +412,224 @@ def test_target_kl_stops_the_epochs_of_an_update(tmp_path, spy):
     watch = spy(P, ["compute_gae", "policy_loss"])
     args = tiny_args(tmp_path, update_epochs=4, target_kl=1e-4)
     P.main(args)
-    epochs_run = []
+    epochs_run, differ = [], 0
     for gae, *pg in watch.updates(first="compute_gae"):
         assert len(pg) % args.num_minibatches == 0
         # approx_kl of each epoch's last minibatch, from the log-probabilities that minibatch's loss saw
-        kl = []
+        kl, k1 = [], []
         for call in pg[args.num_minibatches - 1 :: args.num_minibatches]:
             logratio = call["args"]["newlogprob"] - call["args"]["logprobs"]
             kl.append(np.mean(np.expm1(logratio) - logratio))
+            k1.append(np.mean(-logratio))
         # the epochs go on while approx_kl stays at or below the target, and stop after the first one above it
         assert all(k <= args.target_kl for k in kl[:-1])
         assert len(kl) == args.update_epochs or kl[-1] > args.target_kl
         epochs_run.append(len(kl))
+        differ += sum((a > args.target_kl) != (b > args.target_kl) for a, b in zip(kl, k1))
     assert min(epochs_run) < args.update_epochs  # the target was reached
+    assert differ > 0  # and somewhere old_approx_kl (the k1 estimator) would have decided otherwise
+
+
+# ------------------------------------------------------------------ main()'s glue, worked out independently
+
+
+def gae_reference(rewards, values, next_values, terminations, dones, gamma, lam):
+    """A_t as the explicit sum  sum_k (gamma * lam)^k * delta_{t+k}, stopping at the end of t's episode."""
+    T, N = len(rewards), len(rewards[0])
+    advantages = [[0.0] * N for _ in range(T)]
+    for env in range(N):
+        for t in range(T):
+            total = 0.0
+            for k in range(T - t):
+                s = t + k
+                bootstrap = 0.0 if terminations[s][env] else gamma * next_values[s][env]
+                total += (gamma * lam) ** k * (rewards[s][env] + bootstrap - values[s][env])
+                if dones[s][env]:
+                    break
+            advantages[t][env] = total
+    return np.array(advantages)
+
+
+def by_hand_policy(agent, obs, actions):
+    """log pi(a | s) of the given actions by the Normal density and the entropy, per sample, written out
+    (none of the script's helpers), with the graph kept for gradients."""
+    mean = agent.actor_mean(torch.as_tensor(obs, dtype=torch.float32))
+    logstd = agent.actor_logstd.expand_as(mean)
+    actions = torch.as_tensor(actions, dtype=torch.float32)
+    variance = (2 * logstd).exp()
+    logprob = (-((actions - mean) ** 2) / (2 * variance) - logstd - 0.5 * math.log(2 * math.pi)).sum(-1)
+    return logprob, (0.5 + 0.5 * math.log(2 * math.pi) + logstd).sum(-1)
+
+
+def rollout_rows(watch, args, iteration, critic, seen):
+    """Rollout `iteration` of a watched run, one row per (step, env), worked out by the test from the env's
+    own record and `seen` (as_the_agent_sees_it): the normalized observation the agent acted on, the sampled
+    action and the log-probability it stored, V(s) by the critic that computed the advantages, the advantage
+    as the explicit sum of discounted TD residuals of the scaled rewards (the bootstrap: V(next observation),
+    V(final observation) at a truncation, nothing after a termination) and the return."""
+    T, (obs, final_obs, rewards) = args.num_steps, seen
+    steps = slice(iteration * T, (iteration + 1) * T)
+    env, acted = watch.rollout(steps.start, T), watch.acted[steps]
+    np.testing.assert_allclose(np.stack([x for x, _, _ in acted]), obs[steps], atol=1e-5)
+    values = value_of(critic, obs[steps])
+    next_values = value_of(critic, obs[steps.start + 1 : steps.stop + 1])
+    next_values[env.truncated] = value_of(critic, final_obs[steps][env.truncated])
+    advantages = gae_reference(rewards[steps].tolist(), values.tolist(), next_values.tolist(),
+                               env.terminated.tolist(), env.dones.tolist(), args.gamma, args.gae_lambda)
+    flat = lambda x: x.reshape(T * args.num_envs, *x.shape[2:])
+    return dict(obs=flat(obs[steps]), actions=flat(np.stack([a for _, a, _ in acted])),
+                logprobs=flat(np.stack([lp for _, _, lp in acted])), values=flat(values),
+                advantages=flat(advantages), returns=flat(advantages + values))
+
+
+def which_rows(rows, logprobs, values, returns):
+    """The rollout row each sample of a minibatch is, found by its stored log-probability, value and return
+    (identical rows are interchangeable: the first is taken); fails for a sample that is no row."""
+    found = []
+    for logprob, value, ret in zip(logprobs, values, returns):
+        same = ((np.abs(rows["logprobs"] - logprob) <= 1e-6) & (np.abs(rows["values"] - value) <= 1e-5)
+                & np.isclose(rows["returns"], ret, rtol=1e-5, atol=1e-5))
+        assert same.any(), f"a minibatch sample (log-prob {logprob}, value {value}, return {ret}) is no row"
+        found.append(np.flatnonzero(same)[0])
+    return np.array(found)
+
+
+def watched_minibatches(watch, args):
+    """For each update of a run watched by spy(P, ["compute_gae", "policy_loss", "value_loss"]): the rollout's
+    rows, and per minibatch its rows, its policy_loss and value_loss calls and the agent they saw."""
+    seen, updates = as_the_agent_sees_it(watch, args), []
+    for iteration, (gae, *calls) in enumerate(watch.updates(first="compute_gae")):
+        rows = rollout_rows(watch, args, iteration, gae["agent"], seen)
+        pg = [c for c in calls if c["name"] == "policy_loss"]
+        vf = [c for c in calls if c["name"] == "value_loss"]
+        assert len(pg) == len(vf)
+        found = [which_rows(rows, p["args"]["logprobs"], v["args"]["values"], v["args"]["returns"])
+                 for p, v in zip(pg, vf)]
+        updates.append((rows, [dict(pg=p, vf=v, agent=p["agent"], rows=f) for p, v, f in zip(pg, vf, found)]))
+    return updates
+
+
+def standardized(x):
+    return (x - x.mean()) / (x.std(ddof=1) + 1e-8)
+
+
+LOGGED = ("charts/learning_rate", "losses/value_loss", "losses/policy_loss", "losses/entropy",
+          "losses/old_approx_kl", "losses/approx_kl", "losses/clipfrac", "losses/explained_variance")
+
+
+def test_main_passes_each_quantity_where_it_belongs(tmp_path, spy, read_events):
+    """Every value main() hands from the rollout to the losses and the logs, checked against numbers the test
+    works out itself, in a run where the wrong wirings differ: 3 epochs of 4 minibatches (a reused or
+    unshuffled minibatch, a value recomputed or not, shows), episodes of 3 and 4 steps with lambda 0.9 (GAE
+    is not TD(0)), truncations, terminations and a rollout end inside an episode, observations and rewards
+    clipped (at different bounds) in some steps only, 3 updates (the critic has learned: values differ from
+    returns), a budget that is not whole batches, and a clip_coef small enough that ratios leave the clip
+    range on both sides."""
+    watch = spy(P, ["compute_gae", "policy_loss", "value_loss"])
+    args = tiny_args(tmp_path, total_timesteps=50, update_epochs=3, num_minibatches=4, clip_coef=0.02,
+                     learning_rate=1e-2, gae_lambda=0.9)
+    events = read_events(P.main(args)["run_dir"])
+    logged = {tag: [e.value for e in events.Scalars(tag)] for tag in LOGGED}
+    updates = watched_minibatches(watch, args)
+    assert len(updates) == args.num_iterations == 3
+    ratios = []
+    for iteration, (rows, minibatches) in enumerate(updates):
+        assert len(minibatches) == args.update_epochs * args.num_minibatches
+        partitions = []
+        for epoch in range(args.update_epochs):
+            in_epoch = minibatches[epoch * args.num_minibatches : (epoch + 1) * args.num_minibatches]
+            # each epoch passes over every sample of the rollout once, in minibatches of minibatch_size
+            assert all(len(mb["rows"]) == args.minibatch_size for mb in in_epoch)
+            seen = np.concatenate([mb["rows"] for mb in in_epoch])
+            assert sorted(seen) == sorted(which_rows(rows, rows["logprobs"], rows["values"], rows["returns"]))
+            partitions.append(sorted(tuple(sorted(mb["rows"])) for mb in in_epoch))
+        # detail 6: the batch is shuffled again for every epoch
+        assert partitions[0] != partitions[1] != partitions[2]
+        for mb in minibatches:
+            r, pg, vf = mb["rows"], mb["pg"]["args"], mb["vf"]["args"]
+            # each sample's own return; its advantage standardized within the minibatch (detail 7)
+            np.testing.assert_allclose(vf["returns"], rows["returns"][r], rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(pg["advantages"], standardized(rows["advantages"][r]), atol=1e-4)
+            # the new log-probability and value: the current agent on the sample's observation and (sampled,
+            # unclipped) action
+            with torch.no_grad():
+                newlogprob, _ = by_hand_policy(mb["agent"], rows["obs"][r], rows["actions"][r])
+            np.testing.assert_allclose(pg["newlogprob"], newlogprob.numpy(), atol=1e-4)
+            np.testing.assert_allclose(vf["newvalue"], value_of(mb["agent"], rows["obs"][r]), atol=1e-5)
+            ratios.append(np.exp(pg["newlogprob"] - pg["logprobs"]))
+        # the logs: the last minibatch's losses and statistics, the clip fraction of all minibatches, the
+        # explained variance of the rollout's values as predictions of its returns, this iteration's rate
+        last = minibatches[-1]
+        logratio = last["pg"]["args"]["newlogprob"] - last["pg"]["args"]["logprobs"]
+        with torch.no_grad():
+            _, entropy = by_hand_policy(last["agent"], rows["obs"][last["rows"]],
+                                        rows["actions"][last["rows"]])
+        clipped = [np.abs(np.exp(mb["pg"]["args"]["newlogprob"] - mb["pg"]["args"]["logprobs"]) - 1)
+                   > args.clip_coef for mb in minibatches]
+        expected = {
+            "charts/learning_rate": args.learning_rate * (1 - iteration / args.num_iterations),
+            "losses/value_loss": last["vf"]["result"],
+            "losses/policy_loss": last["pg"]["result"][0],
+            "losses/entropy": entropy.mean().item(),
+            "losses/old_approx_kl": np.mean(-logratio),
+            "losses/approx_kl": np.mean(np.expm1(logratio) - logratio),
+            "losses/clipfrac": np.mean([c.mean() for c in clipped]),
+            "losses/explained_variance": 1 - np.var(rows["returns"] - rows["values"])
+                                         / np.var(rows["returns"]),
+        }
+        for tag, value in expected.items():
+            assert logged[tag][iteration] == pytest.approx(value, rel=1e-4, abs=1e-6), tag
+    # the run holds what the checks above need to tell right from wrong
+    env = watch.rollout(0, args.num_iterations * args.num_steps)
+    assert env.terminated.any() and env.truncated.any() and not env.dones[args.num_steps - 1].all()
+    ratios = np.concatenate(ratios)
+    assert (ratios < 1 - args.clip_coef).any() and (ratios > 1 + args.clip_coef).any()
+    assert all(abs(logged["losses/explained_variance"][i]) > 1e-3 for i in range(1, args.num_iterations))
+
+
+def test_each_step_applies_the_clipped_gradient_of_the_loss_to_every_parameter(tmp_path, spy,
+                                                                              optimizer_steps):
+    """Details 10 and 11 on every optimizer step of a run (2 updates x 2 epochs x 2 minibatches, an entropy
+    bonus on): the gradient applied is that of pg_loss - ent_coef * entropy + vf_coef * v_loss on the
+    minibatch, worked out in the test from the agent as the step found it, scaled to norm max_grad_norm;
+    every parameter, the log-std included, gets a nonzero one; the policy loss reaches the actor's mean and
+    log-std, the entropy the log-std only, the value loss the critic only."""
+    watch = spy(P, ["compute_gae", "policy_loss", "value_loss"])
+    args = tiny_args(tmp_path, ent_coef=0.1, clip_coef=0.1, learning_rate=1e-2)
+    P.main(args)
+    minibatches = [(rows, mb) for rows, update in watched_minibatches(watch, args) for mb in update]
+    assert len(optimizer_steps) == len(minibatches) == args.num_iterations * args.update_epochs * 2
+    for step, (rows, mb) in zip(optimizer_steps, minibatches):
+        agent, r = copy.deepcopy(mb["agent"]), mb["rows"]
+        newlogprob, entropy = by_hand_policy(agent, rows["obs"][r], rows["actions"][r])
+        ratio = (newlogprob.double() - torch.as_tensor(rows["logprobs"][r])).exp()
+        advantages = torch.as_tensor(standardized(rows["advantages"][r]))
+        clipped_ratio = ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)
+        pg_loss = torch.max(-advantages * ratio, -advantages * clipped_ratio).mean()
+        newvalue = agent.critic(torch.as_tensor(rows["obs"][r], dtype=torch.float32)).squeeze(-1)
+        v_loss = 0.5 * ((newvalue.double() - torch.as_tensor(rows["returns"][r])) ** 2).mean()
+        loss = pg_loss - args.ent_coef * entropy.double().mean() + args.vf_coef * v_loss
+        grads = torch.autograd.grad(loss, list(agent.parameters()))
+        norm = torch.sqrt(sum((g.double() ** 2).sum() for g in grads)).item()
+        assert norm > args.max_grad_norm  # so that the clipping shows
+        for applied, grad in zip(step.grads, grads):
+            expected = grad * args.max_grad_norm / (norm + 1e-6)
+            torch.testing.assert_close(applied, expected, rtol=1e-3, atol=1e-6)
+            assert applied.abs().max() > 0  # every parameter learns
+    # which loss reaches which parameters (details 13, 15, 17), through the script's own forward pass
+    rows, first = minibatches[0]
+    agent, r, pg = copy.deepcopy(first["agent"]), first["rows"], first["pg"]["args"]
+    obs, actions = torch.as_tensor(rows["obs"][r], dtype=torch.float32), torch.as_tensor(rows["actions"][r])
+    _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, actions.float())
+    pg_loss, _, _ = P.policy_loss(newlogprob, torch.as_tensor(pg["logprobs"]).float(),
+                                  torch.as_tensor(pg["advantages"]).float(), args.clip_coef)
+    returns = torch.as_tensor(rows["returns"][r]).float()
+    v_loss = P.value_loss(newvalue, newvalue.detach(), returns, args.clip_coef, False)
+    names, params = zip(*agent.named_parameters())
+    for loss, reaches in ((pg_loss, ("actor_mean.", "actor_logstd")), (entropy.mean(), ("actor_logstd",)),
+                          (v_loss, ("critic.",))):
+        for name, grad in zip(names, torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)):
+            assert (grad is not None and grad.abs().max() > 0) == name.startswith(reaches), (name, reaches)
 
 
 def read_scalars(run_dir):
