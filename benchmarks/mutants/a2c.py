@@ -95,4 +95,17 @@ MUTANTS = [
      "if args.eval_checkpoint is None and args.total_timesteps % args.batch_size != 0:",
      "if args.total_timesteps % args.batch_size != 0:",
      "budget"),
+    # main()'s glue (issue 34): written before their tests, run with the whole test file (no selector)
+    ("main: a truncation bootstrapped with V of the step's own observation, not of its final one",
+     "next_values[cut] = agent.get_value(final_obs[cut])",
+     "next_values[cut] = agent.get_value(obs[cut])"),
+    ("main: the baseline not detached (the policy loss's advantages use the critic's new values)",
+     "pg_loss = policy_loss(newlogprob, b_advantages)",
+     "pg_loss = policy_loss(newlogprob, b_returns - newvalue)"),
+    ("main: --gae's advantages and returns swapped",
+     "advantages, returns = compute_gae(",
+     "returns, advantages = compute_gae("),
+    ("main: --norm-adv scales the advantages without centering them",
+     "b_advantages = (b_advantages - b_advantages.mean()) / (b_advantages.std() + 1e-8)",
+     "b_advantages = b_advantages / (b_advantages.std() + 1e-8)"),
 ]

@@ -77,4 +77,17 @@ MUTANTS = [
      "    except Exception as e:\n        script = os.path.basename(__file__)\n",
      "    except ImportError as e:\n        script = os.path.basename(__file__)\n",
      "did_not_save"),
+    # main()'s glue (issue 34): written before their tests, run with the whole test file (no selector)
+    ("main: the learning rate annealed by iterations against a budget of env steps",
+     "lrnow = (1.0 - global_step / args.total_timesteps) * args.learning_rate",
+     "lrnow = (1.0 - (iteration - 1) / args.total_timesteps) * args.learning_rate"),
+    ("main: a truncated episode not counted as one of the env's episodes",
+     "episodes_left -= (terminated | truncated) & (episodes_left > 0)",
+     "episodes_left -= terminated & (episodes_left > 0)"),
+    ("main: the baseline fitted to the (normalized) advantages instead of the returns",
+     "v_loss = value_loss(newvalue, b_returns)",
+     "v_loss = value_loss(newvalue, b_advantages)"),
+    ("main: every batch reset with the same seed (the same start states each batch)",
+     "next_obs, _ = envs.reset(seed=args.seed if iteration == 1 else None)",
+     "next_obs, _ = envs.reset(seed=args.seed)"),
 ]
