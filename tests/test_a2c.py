@@ -1,3 +1,4 @@
+import copy
 import os
 
 import numpy as np
@@ -43,6 +44,23 @@ def n_step_returns_reference(rewards, next_values, terminations, dones, gamma):
                     break
             returns[t][env] = total
     return returns
+
+
+def gae_reference(rewards, values, next_values, terminations, dones, gamma, lam):
+    """A_t as the explicit sum  sum_k (gamma * lam)^k * delta_{t+k}, up to the end of t's episode or of the
+    rollout."""
+    T, N = rewards.shape
+    advantages = np.zeros((T, N))
+    for env in range(N):
+        for t in range(T):
+            for k in range(T - t):
+                s = t + k
+                bootstrap = gamma * (1 - terminations[s, env]) * next_values[s, env]
+                delta = rewards[s, env] + bootstrap - values[s, env]
+                advantages[t, env] += (gamma * lam) ** k * delta
+                if dones[s, env]:
+                    break
+    return advantages
 
 
 def random_rollout(seed, T=23, N=4):
@@ -94,13 +112,65 @@ def test_gae_with_lambda_one_is_the_n_step_return_and_lambda_zero_is_one_step(se
     # as the rollout builds them: inside an episode the next state's value is the next step's value
     next_values[:-1] = np.where(dones[:-1], next_values[:-1], values[1:])
     args = t64(rewards), t64(values), t64(next_values), t64(terminations), t64(dones)
-    returns = a2c.compute_returns(t64(rewards), t64(next_values), t64(terminations), t64(dones), 0.9)
+    # the n-step returns as the explicit sums (not a2c.compute_returns: a bug there would move both sides)
+    returns = np.array(n_step_returns_reference(rewards.tolist(), next_values.tolist(), terminations.tolist(),
+                                                dones.tolist(), 0.9))
     advantages, gae_returns = a2c.compute_gae(*args, 0.9, 1.0)
-    np.testing.assert_allclose(gae_returns.numpy(), returns.numpy(), rtol=1e-10, atol=1e-10)
-    np.testing.assert_allclose(advantages.numpy(), returns.numpy() - values, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(gae_returns.numpy(), returns, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(advantages.numpy(), returns - values, rtol=1e-10, atol=1e-10)
     _, one_step = a2c.compute_gae(*args, 0.9, 0.0)
     expected = rewards + 0.9 * (1 - terminations) * next_values
     np.testing.assert_allclose(one_step.numpy(), expected, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_gae_matches_the_explicit_sum_of_discounted_td_residuals(seed):
+    # lambda strictly between 0 and 1, where GAE is neither the n-step return nor TD(0)
+    rewards, values, next_values, terminations, dones = random_rollout(seed)
+    advantages, returns = a2c.compute_gae(t64(rewards), t64(values), t64(next_values), t64(terminations),
+                                          t64(dones), 0.9, 0.7)
+    expected = gae_reference(rewards, values, next_values, terminations, dones, 0.9, 0.7)
+    np.testing.assert_allclose(advantages.numpy(), expected, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(returns.numpy(), expected + values, rtol=1e-10, atol=1e-10)
+
+
+def test_gae_by_hand():
+    # one env, gamma 0.5, lambda 0.5: step 1 is truncated (final-observation value 8), the pole falls at
+    # step 2, the rollout ends at step 3 inside an episode (value of the next observation 4)
+    rewards = torch.tensor([[1.0], [2.0], [3.0], [4.0]])
+    values = torch.tensor([[0.5], [1.0], [1.5], [2.0]])
+    next_values = torch.tensor([[1.0], [8.0], [100.0], [4.0]])  # 100 where it must not be used
+    terminations = torch.tensor([[0.0], [0.0], [1.0], [0.0]])
+    dones = torch.tensor([[0.0], [1.0], [1.0], [0.0]])
+    advantages, returns = a2c.compute_gae(rewards, values, next_values, terminations, dones, 0.5, 0.5)
+    # TD residuals: 1 + 0.5 * 1 - 0.5 = 1, 2 + 0.5 * 8 - 1 = 5, 3 - 1.5 = 1.5, 4 + 0.5 * 4 - 2 = 4
+    assert advantages[:, 0].tolist() == [1.0 + 0.25 * 5.0, 5.0, 1.5, 4.0]
+    assert returns[:, 0].tolist() == [2.75, 6.0, 3.0, 6.0]
+
+
+def test_networks_start_orthogonal_with_the_gains_of_detail_2():
+    torch.manual_seed(0)
+    agent = a2c.Agent(4, 3)
+    for net, out_gain in ((agent.critic, 1.0), (agent.actor, 0.01)):
+        layers = [layer for layer in net if isinstance(layer, torch.nn.Linear)]
+        shapes = [(layer.in_features, layer.out_features) for layer in layers]
+        assert shapes == [(4, 64), (64, 64), (64, 1 if net is agent.critic else 3)]
+        for layer, gain in zip(layers, (2**0.5, 2**0.5, out_gain)):
+            w = layer.weight.detach().double()
+            small = w.T @ w if w.shape[0] >= w.shape[1] else w @ w.T  # orthonormal columns or rows, x gain
+            eye = torch.eye(min(w.shape), dtype=torch.float64)
+            torch.testing.assert_close(small, gain**2 * eye, rtol=0, atol=gain**2 * 1e-5)
+            assert not layer.bias.any()
+
+
+@pytest.mark.parametrize("action, episode_return", [(0, 1.0 + 2.0 + 3.0 + 4.0), (1, 1.0 + 2.0 + 3.0)])
+def test_evaluate_plays_the_greedy_action_to_the_end_of_each_episode(action, episode_return):
+    # TinyDiscrete pays 1 + t at step t; action 1 at t = 2 ends the episode, else the time limit does after 4
+    agent = a2c.Agent(1, 2)
+    with torch.no_grad():
+        agent.actor[-1].weight.zero_()
+        agent.actor[-1].bias.copy_(torch.tensor([1.0, -1.0]) * (1 if action == 0 else -1))
+    assert a2c.evaluate(agent, "TinyDiscrete-v0", 3, 0, torch.device("cpu")) == [episode_return] * 3
 
 
 def test_policy_loss_gradient_is_minus_advantage_times_score():
@@ -183,21 +253,6 @@ def tiny_args(tmp_path, **kw):
 def value_of(agent, obs):
     with torch.no_grad():
         return agent.get_value(torch.as_tensor(obs, dtype=torch.float32)).double().numpy()
-
-
-def gae_reference(rewards, values, next_values, terminations, dones, gamma, lam):
-    """A_t as the explicit sum  sum_k (gamma * lam)^k * delta_{t+k}, up to the end of t's episode or of the rollout."""
-    T, N = rewards.shape
-    advantages = np.zeros((T, N))
-    for env in range(N):
-        for t in range(T):
-            for k in range(T - t):
-                s = t + k
-                delta = rewards[s, env] + gamma * (1 - terminations[s, env]) * next_values[s, env] - values[s, env]
-                advantages[t, env] += (gamma * lam) ** k * delta
-                if dones[s, env]:
-                    break
-    return advantages
 
 
 @pytest.mark.parametrize("kw", [dict(), dict(gae=True, gae_lambda=0.9), dict(norm_adv=True)], ids=["n-step", "gae", "norm-adv"])
@@ -283,6 +338,146 @@ def test_entropy_bonus_adds_minus_ent_coef_times_the_entropy_gradient(tmp_path, 
                                                  agent.parameters()):
         bonus = torch.zeros_like(param) if bonus is None else bonus  # the critic's parameters
         torch.testing.assert_close(with_bonus - without, bonus, rtol=1e-4, atol=1e-6)
+
+
+# ------------------------------------------------------------------ main()'s glue, worked out independently
+
+
+def by_hand_policy(agent, obs, actions):
+    """log pi(a | s) of the given actions and the entropy of pi(. | s), from the actor's logits by the softmax
+    formula (none of the script's helpers), with the graph kept for gradients."""
+    logits = agent.actor(torch.as_tensor(obs, dtype=torch.float32))
+    log_probs = logits - logits.exp().sum(-1, keepdim=True).log()
+    logprob = log_probs[torch.arange(len(obs)), torch.as_tensor(actions, dtype=torch.long)]
+    return logprob, -(log_probs.exp() * log_probs).sum(-1)
+
+
+def rollout_batch(watch, args, iteration, critic):
+    """Rollout `iteration` of a watched run as the batch of the update, one row per (step, env) in rollout
+    order, worked out by the test from the env's own record: the observation and action the agent acted on,
+    the log-probability it stored, V(s) by the critic before the update, the return and the advantage as the
+    explicit sums (n-step, or GAE with --gae; the bootstrap: V(next observation), V(final observation) at a
+    truncation, nothing after a termination), the advantage standardized with --norm-adv."""
+    T = args.num_steps
+    env, acted = watch.rollout(iteration * T, T), watch.acted[iteration * T : (iteration + 1) * T]
+    np.testing.assert_array_equal(np.stack([x for x, _, _ in acted]), env.obs)
+    values = value_of(critic, env.obs)
+    next_values = value_of(critic, np.concatenate([env.obs[1:], env.next_obs[None]]))
+    next_values[env.truncated] = value_of(critic, env.final_obs[env.truncated])
+    if args.gae:
+        advantages = gae_reference(env.rewards, values, next_values, env.terminated, env.dones, args.gamma,
+                                   args.gae_lambda)
+        returns = advantages + values
+    else:
+        returns = np.array(n_step_returns_reference(env.rewards.tolist(), next_values.tolist(),
+                                                    env.terminated.tolist(), env.dones.tolist(), args.gamma))
+        advantages = returns - values
+    advantages = advantages.ravel()
+    if args.norm_adv:
+        advantages = (advantages - advantages.mean()) / (advantages.std(ddof=1) + 1e-8)
+    return dict(obs=env.obs.reshape(-1, 1), actions=np.stack([a for _, a, _ in acted]).ravel(),
+                logprobs=np.stack([lp for _, _, lp in acted]).ravel(), values=values.ravel(),
+                returns=returns.ravel(), advantages=advantages)
+
+
+class LeaningAgent(a2c.Agent):
+    """A policy that is not uniform at any state (the initial one is, at TinyDiscrete's first observation
+    [0]), so that a log-probability tells the actions apart, while both are still taken."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        with torch.no_grad():
+            self.actor[-1].bias.copy_(torch.tensor([0.5, -0.5]))
+
+
+LOGGED = ("charts/learning_rate", "losses/value_loss", "losses/policy_loss", "losses/entropy",
+          "losses/explained_variance")
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(gae=True, norm_adv=True)], ids=["n-step", "gae-norm-adv"])
+def test_main_passes_each_quantity_where_it_belongs(tmp_path, spy, read_events, monkeypatch, kw):
+    """Every value main() hands from the rollout to the losses and the logs, checked against numbers the test
+    works out itself, in a run where the wrong wirings differ: 3 updates (the critic has learned, so values
+    differ from returns and a stale agent shows), episodes of 3 and 4 steps with gamma 0.8 and lambda 0.7
+    (n-step, GAE and TD(0) disagree), truncations, terminations and a rollout end inside an episode."""
+    monkeypatch.setattr(a2c, "Agent", LeaningAgent)
+    watch = spy(a2c, ["compute_gae" if kw.get("gae") else "compute_returns", "policy_loss", "value_loss"])
+    args = tiny_args(tmp_path, total_timesteps=30, gamma=0.8, gae_lambda=0.7, learning_rate=1e-2, **kw)
+    events = read_events(a2c.main(args)["run_dir"])
+    logged = {tag: events.Scalars(tag) for tag in LOGGED}
+    updates = watch.updates(first="compute_gae" if args.gae else "compute_returns")
+    assert len(updates) == args.num_iterations == 3
+    for iteration, (returns_call, pg, vf) in enumerate(updates):
+        agent = returns_call["agent"]  # as the update found it
+        batch = rollout_batch(watch, args, iteration, agent)
+        with torch.no_grad():
+            logprob, entropy = by_hand_policy(agent, batch["obs"], batch["actions"])
+        # the update scores the rollout's own states and actions with the parameters that collected them
+        np.testing.assert_allclose(pg["args"]["newlogprob"], logprob.numpy(), atol=1e-5)
+        np.testing.assert_allclose(pg["args"]["newlogprob"], batch["logprobs"], atol=1e-5)
+        np.testing.assert_allclose(vf["args"]["newvalue"], batch["values"], atol=1e-5)
+        np.testing.assert_allclose(pg["args"]["advantages"], batch["advantages"], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(vf["args"]["returns"], batch["returns"], rtol=1e-5, atol=1e-5)
+        # the logs, at the env steps taken so far: this update's rate (detail 4), its losses, the entropy, and
+        # how much of the returns' variance the rollout's values explain (detail 12)
+        expected = {
+            "charts/learning_rate": args.learning_rate * (1 - iteration / args.num_iterations),
+            "losses/value_loss": 0.5 * np.mean((batch["values"] - batch["returns"]) ** 2),
+            "losses/policy_loss": -np.mean(batch["advantages"] * logprob.numpy()),
+            "losses/entropy": entropy.mean().item(),
+            "losses/explained_variance": 1 - np.var(batch["returns"] - batch["values"])
+                                         / np.var(batch["returns"]),
+        }
+        for tag, value in expected.items():
+            assert logged[tag][iteration].value == pytest.approx(value, rel=1e-4, abs=1e-6), tag
+            assert logged[tag][iteration].step == (iteration + 1) * args.batch_size, tag
+    # the run holds what the checks above need to tell right from wrong
+    env = watch.rollout(0, args.num_iterations * args.num_steps)
+    assert env.terminated.any() and env.truncated.any() and not env.dones[args.num_steps - 1].all()
+    assert (env.obs[:, 0] == 2).any()  # a state where a log-probability of the wrong action would show
+
+
+def test_each_update_applies_the_clipped_gradient_of_the_loss_to_every_parameter(tmp_path, spy,
+                                                                                optimizer_steps, monkeypatch):
+    """Details 10, 11 and 13 on every update of a 3-update run with an entropy bonus and vf_coef 0.7: the
+    gradient applied is that of pg_loss - ent_coef * entropy + vf_coef * v_loss on the batch, worked out in
+    the test from the agent as the update found it (so gradients left over from the previous update show),
+    scaled to max_grad_norm where it is longer; every parameter gets a nonzero one; the policy loss and the
+    entropy reach the actor only, the value loss the critic only (a baseline that is not detached would)."""
+    monkeypatch.setattr(a2c, "Agent", LeaningAgent)
+    watch = spy(a2c, ["compute_returns"])
+    args = tiny_args(tmp_path, total_timesteps=30, gamma=0.8, ent_coef=0.1, vf_coef=0.7, learning_rate=1e-2)
+    a2c.main(args)
+    updates = watch.updates(first="compute_returns")
+    assert len(optimizer_steps) == len(updates) == 3
+    clipped = []
+    for iteration, (step, (call,)) in enumerate(zip(optimizer_steps, updates)):
+        agent = copy.deepcopy(call["agent"])
+        batch = rollout_batch(watch, args, iteration, agent)
+        logprob, entropy = by_hand_policy(agent, batch["obs"], batch["actions"])
+        pg_loss = -(torch.as_tensor(batch["advantages"]) * logprob.double()).mean()
+        newvalue = agent.critic(torch.as_tensor(batch["obs"], dtype=torch.float32)).squeeze(-1)
+        v_loss = 0.5 * ((newvalue.double() - torch.as_tensor(batch["returns"])) ** 2).mean()
+        loss = pg_loss - args.ent_coef * entropy.double().mean() + args.vf_coef * v_loss
+        grads = torch.autograd.grad(loss, list(agent.parameters()))
+        norm = torch.sqrt(sum((g.double() ** 2).sum() for g in grads)).item()
+        scale = min(1.0, args.max_grad_norm / (norm + 1e-6))
+        clipped.append(scale < 1.0)
+        for applied, grad in zip(step.grads, grads):
+            torch.testing.assert_close(applied, grad * scale, rtol=1e-3, atol=1e-7)
+            assert applied.abs().max() > 0  # every parameter learns
+    assert any(clipped)  # so that the clipping shows
+    # which loss reaches which parameters (detail 13: separate networks), through the script's own forward
+    agent = copy.deepcopy(updates[0][0]["agent"])
+    batch = rollout_batch(watch, args, 0, agent)
+    obs, actions = torch.as_tensor(batch["obs"], dtype=torch.float32), torch.as_tensor(batch["actions"])
+    _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, actions.long())
+    pg_loss = a2c.policy_loss(newlogprob, torch.as_tensor(batch["advantages"]).float())
+    v_loss = a2c.value_loss(newvalue, torch.as_tensor(batch["returns"]).float())
+    names, params = zip(*agent.named_parameters())
+    for loss, network in ((pg_loss, "actor."), (entropy.mean(), "actor."), (v_loss, "critic.")):
+        for name, grad in zip(names, torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)):
+            assert (grad is not None and grad.abs().max() > 0) == name.startswith(network), (name, network)
 
 
 # ---------------------------------------------------------------------------- bad input
