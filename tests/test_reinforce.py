@@ -1,3 +1,4 @@
+import copy
 import os
 
 import gymnasium as gym
@@ -104,6 +105,40 @@ def test_policy_loss_gradient_is_the_reinforce_estimator():
     onehot = torch.nn.functional.one_hot(actions, 2).double()
     expected = -advantages[:, None] * (onehot - logits.detach().softmax(-1)) / 3
     np.testing.assert_allclose(logits.grad.numpy(), expected.numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_value_loss_by_hand():
+    newvalue = torch.tensor([3.0, 1.0, -1.0], dtype=torch.float64, requires_grad=True)
+    returns = torch.tensor([1.0, 1.0, 1.0], dtype=torch.float64)
+    loss = reinforce.value_loss(newvalue, returns)
+    loss.backward()
+    assert loss.item() == pytest.approx(0.5 * (4.0 + 0.0 + 4.0) / 3)
+    np.testing.assert_allclose(newvalue.grad.numpy(), [2.0 / 3, 0.0, -2.0 / 3])  # (V - G) / n
+
+
+def test_networks_start_orthogonal_with_the_gains_of_detail_2():
+    torch.manual_seed(0)
+    agent = reinforce.Agent(4, 3)
+    for net, out_gain in ((agent.critic, 1.0), (agent.actor, 0.01)):
+        layers = [layer for layer in net if isinstance(layer, torch.nn.Linear)]
+        shapes = [(layer.in_features, layer.out_features) for layer in layers]
+        assert shapes == [(4, 64), (64, 64), (64, 1 if net is agent.critic else 3)]
+        for layer, gain in zip(layers, (2**0.5, 2**0.5, out_gain)):
+            w = layer.weight.detach().double()
+            small = w.T @ w if w.shape[0] >= w.shape[1] else w @ w.T  # orthonormal columns or rows, x gain
+            eye = torch.eye(min(w.shape), dtype=torch.float64)
+            torch.testing.assert_close(small, gain**2 * eye, rtol=0, atol=gain**2 * 1e-5)
+            assert not layer.bias.any()
+
+
+@pytest.mark.parametrize("action, episode_return", [(0, 1.0 + 2.0 + 3.0 + 4.0), (1, 1.0 + 2.0 + 3.0)])
+def test_evaluate_plays_the_greedy_action_to_the_end_of_each_episode(action, episode_return):
+    # TinyDiscrete pays 1 + t at step t; action 1 at t = 2 ends the episode, else the time limit does after 4
+    agent = reinforce.Agent(1, 2)
+    with torch.no_grad():
+        agent.actor[-1].weight.zero_()
+        agent.actor[-1].bias.copy_(torch.tensor([1.0, -1.0]) * (1 if action == 0 else -1))
+    assert reinforce.evaluate(agent, "TinyDiscrete-v0", 3, 0, torch.device("cpu")) == [episode_return] * 3
 
 
 # ---------------------------------------------------------------------------- runs
@@ -316,6 +351,159 @@ def test_entropy_bonus_adds_minus_ent_coef_times_the_entropy_gradient(tmp_path, 
                                                  agent.parameters()):
         bonus = torch.zeros_like(param) if bonus is None else bonus  # the critic's parameters
         torch.testing.assert_close(with_bonus - without, bonus, rtol=1e-4, atol=1e-6)
+
+
+# ------------------------------------------------------------------ main()'s glue, worked out independently
+
+
+def by_hand_policy(agent, obs, actions):
+    """log pi(a | s) of the given actions and the entropy of pi(. | s), from the actor's logits by the softmax
+    formula (none of the script's helpers), with the graph kept for gradients."""
+    logits = agent.actor(torch.as_tensor(obs, dtype=torch.float32))
+    log_probs = logits - logits.exp().sum(-1, keepdim=True).log()
+    logprob = log_probs[torch.arange(len(obs)), torch.as_tensor(actions, dtype=torch.long)]
+    return logprob, -(log_probs.exp() * log_probs).sum(-1)
+
+
+def batch_rows(watch, args, batches):
+    """Per batch of a watched run, its steps that belong to the batch, in the rollout's (step, env) order,
+    worked out by the test from the env's own record: the observation and action the agent acted on, the
+    log-probability it stored, V(s) by the critic before the update, the reward-to-go, and the advantage
+    (return minus V with --baseline, the return without; standardized with --norm-adv); and the number of
+    env steps (all envs', waiting ones included) taken before the batch and after it."""
+    rows, start = [], 0
+    for env, in_batch, returns, (call, *_) in batches:
+        T = len(env.rewards)
+        acted = watch.acted[start : start + T]
+        np.testing.assert_array_equal(np.stack([x for x, _, _ in acted]), env.obs)
+        values = value_of(call["agent"], env.obs)
+        advantages = (returns - values if args.baseline else returns)[in_batch]
+        if args.norm_adv:
+            advantages = (advantages - advantages.mean()) / (advantages.std(ddof=1) + 1e-8)
+        rows.append(dict(obs=env.obs[in_batch], actions=np.stack([a for _, a, _ in acted])[in_batch],
+                         logprobs=np.stack([lp for _, _, lp in acted])[in_batch], values=values[in_batch],
+                         returns=returns[in_batch], advantages=advantages, agent=call["agent"],
+                         steps_before=start * args.num_envs, steps_after=(start + T) * args.num_envs))
+        start += T
+    return rows
+
+
+class LeaningAgent(reinforce.Agent):
+    """A policy that is not uniform at any state (the initial one is, at TinyDiscrete's first observation
+    [0]), so that a log-probability tells the actions apart, while both are still taken."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        with torch.no_grad():
+            self.actor[-1].bias.copy_(torch.tensor([0.5, -0.5]))
+
+
+@pytest.mark.parametrize("baseline", [True, False], ids=["baseline", "no-baseline"])
+def test_main_passes_each_quantity_where_it_belongs(tmp_path, spy, read_events, monkeypatch, baseline):
+    """Every value main() hands from the episodes to the losses and the logs, checked against numbers the test
+    works out itself, with --norm-adv (of the advantages, or of the returns without a baseline), in a run
+    where the wrong wirings differ: 3 batches (the critic has learned, and the learning rate has moved by the
+    env steps, waiting ones included), episodes of 3 and 4 steps with gamma 0.8, truncations, terminations
+    and envs that wait for the other."""
+    monkeypatch.setattr(reinforce, "Agent", LeaningAgent)
+    watch = spy(reinforce, ["compute_returns", "policy_loss", "value_loss"])
+    args = tiny_args(tmp_path, total_timesteps=40, gamma=0.8, learning_rate=1e-2, norm_adv=True,
+                     baseline=baseline)
+    events = read_events(reinforce.main(args)["run_dir"])
+    batches = played_batches(watch, args)
+    rows = batch_rows(watch, args, batches)
+    # detail 4: the batches run until the env-step budget is spent, and no further
+    assert len(rows) == 3
+    assert rows[-2]["steps_after"] < args.total_timesteps <= rows[-1]["steps_after"]
+    assert any(not in_batch.all() for _, in_batch, _, _ in batches)  # an env waited: its steps count too
+    tags = ["charts/learning_rate", "losses/policy_loss", "losses/entropy"]
+    tags += ["losses/value_loss", "losses/explained_variance"] if baseline else []
+    logged = {tag: events.Scalars(tag) for tag in tags}
+    for i, (batch, (_, _, _, (_, pg, *vf))) in enumerate(zip(rows, batches)):
+        with torch.no_grad():
+            logprob, entropy = by_hand_policy(batch["agent"], batch["obs"], batch["actions"])
+        # the update scores the batch's own states and actions with the parameters that played them
+        np.testing.assert_allclose(pg["args"]["newlogprob"], logprob.numpy(), atol=1e-5)
+        np.testing.assert_allclose(pg["args"]["newlogprob"], batch["logprobs"], atol=1e-5)
+        np.testing.assert_allclose(pg["args"]["advantages"], batch["advantages"], rtol=1e-5, atol=1e-5)
+        if baseline:
+            np.testing.assert_allclose(vf[0]["args"]["newvalue"], batch["values"], atol=1e-5)
+            np.testing.assert_allclose(vf[0]["args"]["returns"], batch["returns"], rtol=1e-5, atol=1e-5)
+        # the logs, at the env steps taken so far: the batch's rate, its losses, the entropy, and how much of
+        # the returns' variance the baseline explains (detail 12)
+        expected = {
+            "charts/learning_rate": args.learning_rate * (1 - batch["steps_before"] / args.total_timesteps),
+            "losses/policy_loss": -np.mean(batch["advantages"] * logprob.numpy()),
+            "losses/entropy": entropy.mean().item(),
+            "losses/value_loss": 0.5 * np.mean((batch["values"] - batch["returns"]) ** 2),
+            "losses/explained_variance": 1 - np.var(batch["returns"] - batch["values"])
+                                         / np.var(batch["returns"]),
+        }
+        for tag in tags:
+            assert logged[tag][i].value == pytest.approx(expected[tag], rel=1e-4, abs=1e-6), tag
+            assert logged[tag][i].step == batch["steps_after"], tag
+    assert any((batch["obs"][:, 0] == 2).any() for batch in rows)  # where a wrong action's log-prob shows
+
+
+def test_each_batch_starts_from_new_states_and_only_the_first_reset_is_seeded(tmp_path, spy):
+    # CartPole starts each episode at a random state: a reset seeded again for every batch would replay the
+    # first batch's start states, while a run stays reproducible from --seed (test_same_seed_same_run)
+    watch = spy(reinforce)
+    args = small_args(tmp_path, num_envs=2, num_episodes=2, total_timesteps=300, eval_episodes=0,
+                      save_model=False)
+    reinforce.main(args)
+    starts = [segment["obs"][0] for segment in watch.segments]
+    assert len(starts) >= 3
+    envs = reinforce.make_vector_env(args.env_id, args.num_envs)
+    np.testing.assert_array_equal(starts[0], envs.reset(seed=args.seed)[0])
+    envs.close()
+    for i in range(len(starts)):
+        for j in range(i):
+            assert not np.isclose(starts[i], starts[j]).any(), (i, j)
+
+
+@pytest.mark.parametrize("baseline", [True, False], ids=["baseline", "no-baseline"])
+def test_each_update_applies_the_gradient_of_the_loss_to_every_parameter(tmp_path, spy, optimizer_steps,
+                                                                       monkeypatch, baseline):
+    """Details 10 and 13 on every update of a 3-batch run with an entropy bonus and vf_coef 0.7: the gradient
+    applied is that of pg_loss - ent_coef * entropy (+ vf_coef * v_loss with --baseline) on the batch's
+    steps, worked out in the test from the agent as the update found it (so gradients left over from the
+    previous update show); every actor parameter gets a nonzero one, every critic parameter too with a
+    baseline and none without; the policy loss and the entropy reach the actor only, the value loss the critic
+    only (a baseline that is not detached would)."""
+    monkeypatch.setattr(reinforce, "Agent", LeaningAgent)
+    watch = spy(reinforce, ["compute_returns"])
+    args = tiny_args(tmp_path, total_timesteps=40, gamma=0.8, ent_coef=0.1, vf_coef=0.7, learning_rate=1e-2,
+                     norm_adv=True, baseline=baseline)
+    reinforce.main(args)
+    rows = batch_rows(watch, args, played_batches(watch, args))
+    assert len(optimizer_steps) == len(rows) == 3
+    for step, batch in zip(optimizer_steps, rows):
+        agent = copy.deepcopy(batch["agent"])
+        logprob, entropy = by_hand_policy(agent, batch["obs"], batch["actions"])
+        loss = -(torch.as_tensor(batch["advantages"]) * logprob.double()).mean()
+        loss = loss - args.ent_coef * entropy.double().mean()
+        if baseline:
+            newvalue = agent.critic(torch.as_tensor(batch["obs"], dtype=torch.float32)).squeeze(-1)
+            v_loss = 0.5 * ((newvalue.double() - torch.as_tensor(batch["returns"])) ** 2).mean()
+            loss = loss + args.vf_coef * v_loss
+        names, params = zip(*agent.named_parameters())
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        for name, applied, grad in zip(names, step.grads, grads):
+            torch.testing.assert_close(applied, torch.zeros_like(applied) if grad is None else grad,
+                                       rtol=1e-3, atol=1e-7)
+            # every parameter meant to learn does: the actor's, and the critic's only as a baseline
+            assert (applied.abs().max() > 0) == (baseline or name.startswith("actor.")), name
+    # which loss reaches which parameters (detail 13: separate networks), through the script's own forward
+    agent, batch = copy.deepcopy(rows[0]["agent"]), rows[0]
+    obs, actions = torch.as_tensor(batch["obs"], dtype=torch.float32), torch.as_tensor(batch["actions"])
+    _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, actions.long())
+    pg_loss = reinforce.policy_loss(newlogprob, torch.as_tensor(batch["advantages"]).float())
+    v_loss = reinforce.value_loss(newvalue, torch.as_tensor(batch["returns"]).float())
+    names, params = zip(*agent.named_parameters())
+    for loss, network in ((pg_loss, "actor."), (entropy.mean(), "actor."), (v_loss, "critic.")):
+        for name, grad in zip(names, torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)):
+            assert (grad is not None and grad.abs().max() > 0) == name.startswith(network), (name, network)
 
 
 # ---------------------------------------------------------------------------- bad input
