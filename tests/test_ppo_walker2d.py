@@ -1,6 +1,7 @@
 """Tests of ppo_walker2d.py: the Gaussian math, the normalization statistics, the truncation bootstrap,
-action clipping on other Box envs, a short end-to-end run read back from TensorBoard, checkpoint
-evaluation, a short run that must learn, Ctrl-C, video and argument checks."""
+main()'s glue and the gradient of each update step against numbers worked out in the test, action
+clipping on other Box envs, a short end-to-end run read back from TensorBoard, checkpoint evaluation, a
+short run that must learn, Ctrl-C, video and argument checks."""
 import copy
 import glob
 import math
