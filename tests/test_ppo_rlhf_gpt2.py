@@ -1,6 +1,7 @@
 """Tests of ppo_rlhf_gpt2.py, offline: a tiny GPT-2, its tokenizer and a tiny reward model are built here,
 saved with save_pretrained, and loaded by the script's own loading code."""
 
+import inspect
 import json
 import math
 import os
@@ -304,8 +305,10 @@ def test_clipped_losses_against_explicit_formulas():
     new_logprobs, logprobs = -torch.rand(2, 4), -torch.rand(2, 4)
     advantages, response_mask = torch.randn(2, 4), torch.ones(2, 4, dtype=torch.bool)
     pg_loss, ratio, _ = rlhf.policy_loss(new_logprobs, logprobs, advantages, response_mask, 0.2)
-    expected = [max(-a * r, -a * min(max(r, 0.8), 1.2)) for a, r in zip(advantages.flatten().tolist(),
-                                                                         ratio.flatten().tolist())]
+    # the ratio worked out here, not taken from policy_loss (a wrong ratio would move both sides)
+    ratios = [math.exp(n - o) for n, o in zip(new_logprobs.flatten().tolist(), logprobs.flatten().tolist())]
+    assert ratio.flatten().tolist() == pytest.approx(ratios, rel=1e-6)
+    expected = [max(-a * r, -a * min(max(r, 0.8), 1.2)) for a, r in zip(advantages.flatten().tolist(), ratios)]
     assert pg_loss.item() == pytest.approx(sum(expected) / len(expected), abs=1e-6)
     new_values, values, returns = torch.randn(2, 4), torch.randn(2, 4), torch.randn(2, 4)
     v_loss = rlhf.value_loss(new_values, values, returns, response_mask, 0.2, True)
@@ -1100,3 +1103,318 @@ def test_torchrun_bad_flag_fails_in_every_process_with_one_message(torchrun_case
     assert 1 <= output.count(message) <= 2 and output.count("error:") == output.count(message)
     assert 'ppo_rlhf_gpt2.py", line' not in output  # no traceback from the script (torchrun prints its own)
     assert not (root / "bad" / "runs").exists()
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Issue 34: every helper against numbers worked out by hand or a plain, independent computation (never the
+# script's own helpers on both sides), and the gradients of one update.
+
+
+def test_model_inputs_scale_logits_gather_logprobs_and_masked_mean_by_hand():
+    pad = 9
+    inputs = rlhf.model_inputs(torch.tensor([[9, 9, 5, 6], [1, 2, 3, 4], [9, 7, 9, 8]]), pad)
+    assert inputs["attention_mask"].tolist() == [[False, False, True, True], [True] * 4,
+                                                 [False, True, False, True]]
+    # the first real token is at position 0, each real token one further (padding between them is skipped)
+    assert inputs["position_ids"].tolist() == [[0, 0, 0, 1], [0, 1, 2, 3], [0, 0, 1, 1]]
+    assert inputs["input_ids"].tolist() == [[0, 0, 5, 6], [1, 2, 3, 4], [0, 7, 0, 8]]
+    assert inputs["use_cache"] is False
+    logits = torch.tensor([[1.0, 2.0, 3.0, 4.0]])
+    assert rlhf.scale_logits(logits, 0.5, 4).tolist() == [[2.0, 4.0, 6.0, 8.0]]  # pad id outside the vocab
+    assert rlhf.scale_logits(logits, 0.5, 2).tolist() == [[2.0, 4.0, torch.finfo(torch.float32).min, 8.0]]
+    assert logits.tolist() == [[1.0, 2.0, 3.0, 4.0]]  # not scaled in place
+    # softmax of (0, ln 3) is (1/4, 3/4)
+    logits = torch.tensor([[[0.0, math.log(3)], [math.log(3), 0.0]], [[0.0, 0.0], [0.0, math.log(3)]]])
+    torch.testing.assert_close(rlhf.gather_logprobs(logits, torch.tensor([[1, 1], [0, 0]])),
+                               torch.tensor([[0.75, 0.25], [0.5, 0.25]]).log())
+    x = torch.tensor([[1.0, 2.0, math.inf], [math.nan, 4.0, -math.inf]])
+    mask = torch.tensor([[True, True, False], [False, True, False]])
+    assert rlhf.masked_mean(x, mask).item() == pytest.approx(7 / 3)
+
+
+def test_masked_whiten_score_normalization_and_gae_by_hand():
+    x, mask = torch.tensor([[1.0, 2.0], [3.0, 100.0]]), torch.tensor([[True, True], [True, False]])
+    # mean 2, unbiased variance ((-1)^2 + 0 + 1^2) / 2 = 1
+    torch.testing.assert_close(rlhf.masked_whiten(x, mask), torch.tensor([[-1.0, 0.0], [1.0, 0.0]]))
+    torch.testing.assert_close(rlhf.masked_whiten(x, mask, shift_mean=False),
+                               torch.tensor([[1.0, 2.0], [3.0, 0.0]]))
+    torch.testing.assert_close(rlhf.masked_whiten(x * 3, mask), torch.tensor([[-1.0, 0.0], [1.0, 0.0]]))
+    # two real entries 1 and 3: mean 2, unbiased variance 2; a constant batch whitens to 0, not nan
+    two = torch.tensor([[True, False], [True, False]])
+    torch.testing.assert_close(rlhf.masked_whiten(x, two), torch.tensor([[-(2**-0.5), 0.0], [2**-0.5, 0.0]]))
+    assert rlhf.masked_whiten(torch.full((2, 2), 3.0), mask).tolist() == [[0.0, 0.0], [0.0, 0.0]]
+    # std 2, mean 4; two samples: std sqrt(2); a std of 0.5 is a scale, not a constant reward
+    assert rlhf.score_normalization(torch.tensor([2.0, 4.0, 6.0])) == pytest.approx((0.5, -2.0))
+    assert rlhf.score_normalization(torch.tensor([1.0, 3.0])) == pytest.approx((2**-0.5, -2 * 2**-0.5))
+    assert rlhf.score_normalization(torch.tensor([-0.5, 0.0, 0.5])) == pytest.approx((2.0, 0.0))
+    # the threshold: a std of 1e-6 (exactly, in float64) or less is a constant reward
+    assert rlhf.score_normalization(torch.tensor([-1e-6, 0.0, 1e-6], dtype=torch.float64)) == (1.0, 0.0)
+    assert rlhf.score_normalization(torch.tensor([3.0])) == pytest.approx((1.0, -3.0))  # one sample: no scale
+    # one response of 2 real tokens and a padded one; gamma 0.9, lambda 0.5
+    rewards, values = torch.tensor([[1.0, 2.0, 0.0]]), torch.tensor([[0.5, 1.0, 7.0]])
+    advantages, returns = rlhf.compute_gae(rewards, values, torch.tensor([[True, True, False]]), 0.9, 0.5)
+    # delta_1 = 2 + 0.9 * 0 - 1 = 1 = A_1;  delta_0 = 1 + 0.9 * 1 - 0.5 = 1.4, A_0 = 1.4 + 0.45 * 1 = 1.85
+    torch.testing.assert_close(advantages, torch.tensor([[1.85, 1.0, 0.0]]))
+    torch.testing.assert_close(returns, torch.tensor([[2.35, 2.0, 0.0]]))
+    # responses of one token (--response-length 1): A = r - V, the return r
+    advantages, returns = rlhf.compute_gae(torch.tensor([[3.0]]), torch.tensor([[1.0]]),
+                                           torch.tensor([[True]]), 0.9, 0.5)
+    assert advantages.tolist() == [[2.0]] and returns.tolist() == [[3.0]]
+    # rewards: log pi -1, -2 and log pi_ref -1.5, -1 on two real tokens, kl_coef 0.1, score 2
+    logprobs, ref_logprobs = torch.tensor([[-1.0, -2.0, 0.0]]), torch.tensor([[-1.5, -1.0, 5.0]])
+    mask = torch.tensor([[True, True, False]])
+    rewards, kl, non_score_reward, penalized = rlhf.compute_rewards(  # the default estimator: k1
+        torch.tensor([2.0]), torch.tensor([True]), -1.0, logprobs, ref_logprobs, mask, 0.1)
+    torch.testing.assert_close(kl, torch.tensor([[0.5, -1.0, 0.0]]))  # log pi - log pi_ref
+    torch.testing.assert_close(rewards, torch.tensor([[-0.05, 0.1 + 2.0, 0.0]]))
+    # k3: (q - 1) - log q with log q = log pi_ref - log pi = -0.5, 1
+    kl = rlhf.compute_rewards(torch.tensor([2.0]), torch.tensor([True]), -1.0, logprobs, ref_logprobs, mask,
+                              0.1, "k3")[1]
+    torch.testing.assert_close(kl, torch.tensor([[math.exp(-0.5) - 0.5, math.e - 2, 0.0]]))
+
+
+def test_losses_and_debug_variables_by_hand():
+    # ratios 1.5 and 0.5 with advantages +1 and -1: the clipped term wins where the ratio moved too far in
+    # the advantage's direction; a third, masked token holds garbage
+    newlogprob = torch.tensor([[math.log(1.5), math.log(1.5), math.log(0.5), math.log(0.5), 50.0]])
+    logprobs = torch.zeros(1, 5)
+    advantages = torch.tensor([[1.0, -1.0, 1.0, -1.0, 1e6]])
+    mask = torch.tensor([[True, True, True, True, False]])
+    pg_loss, ratio, logratio = rlhf.policy_loss(newlogprob, logprobs, advantages, mask, 0.2)
+    # max(-A r, -A clip(r)): A=+1, r=1.5: max(-1.5, -1.2) = -1.2; A=-1, r=1.5: 1.5; A=+1, r=0.5: max(-0.5,
+    # -0.8) = -0.5; A=-1, r=0.5: max(0.5, 0.8) = 0.8
+    assert pg_loss.item() == pytest.approx((-1.2 + 1.5 - 0.5 + 0.8) / 4)
+    torch.testing.assert_close(ratio[:, :4], torch.tensor([[1.5, 1.5, 0.5, 0.5]]))
+    torch.testing.assert_close(logratio, newlogprob - logprobs)
+    newlogprob = newlogprob + 2.0  # the ratio is relative to the rollout's log-probs, not absolute
+    pg_loss = rlhf.policy_loss(newlogprob, logprobs + 2.0, advantages, mask, 0.2)[0]
+    assert pg_loss.item() == pytest.approx(0.15)
+
+    newvalue, values = torch.tensor([[1.0, 0.1, 9.0]]), torch.tensor([[0.0, 0.0, -9.0]])
+    returns, mask = torch.tensor([[2.0, 0.0, 5.0]]), torch.tensor([[True, True, False]])
+    # token 0: unclipped (1 - 2)^2 = 1, clipped (0 + 0.2 - 2)^2 = 3.24 -> 3.24; token 1: 0.01 either way
+    assert rlhf.value_loss(newvalue, values, returns, mask, 0.2, True).item() == pytest.approx(0.5 * 3.25 / 2)
+    unclipped = rlhf.value_loss(newvalue, values, returns, mask, 0.2, False)
+    assert unclipped.item() == pytest.approx(0.5 * 1.01 / 2)
+    # token 0 from the other side: newvalue 3, values 2.5: clipped to 2.7, (2.7 - 2)^2 = 0.49 < (3 - 2)^2 = 1
+    assert rlhf.value_loss(torch.tensor([[3.0]]), torch.tensor([[2.5]]), torch.tensor([[2.0]]),
+                           torch.tensor([[True]]), 0.2, True).item() == pytest.approx(0.5)
+    # below: newvalue -1, values 0 clipped to -0.2; returns -2: (-0.2 + 2)^2 = 3.24 > (-1 + 2)^2 = 1
+    assert rlhf.value_loss(torch.tensor([[-1.0]]), torch.tensor([[0.0]]), torch.tensor([[-2.0]]),
+                           torch.tensor([[True]]), 0.2, True).item() == pytest.approx(0.5 * 3.24)
+
+    # distributions (1/4, 3/4) and (1/2, 1/2) at two real tokens; ratios 1.5 and 0.9; a masked third token
+    all_logprobs = torch.tensor([[[math.log(0.25), math.log(0.75)], [math.log(0.5), math.log(0.5)],
+                                  [0.0, 0.0]]])
+    ratio = torch.tensor([[1.5, 0.9, 100.0]])
+    debug = rlhf.debug_variables(all_logprobs, ratio, ratio.log(), torch.tensor([[True, True, False]]), 0.2)
+    entropy = (-(0.25 * math.log(0.25) + 0.75 * math.log(0.75)) + math.log(2)) / 2
+    assert debug["entropy"].item() == pytest.approx(entropy, rel=1e-6)
+    assert debug["old_approx_kl"].item() == pytest.approx(-(math.log(1.5) + math.log(0.9)) / 2, rel=1e-6)
+    approx_kl = (0.5 - math.log(1.5) - 0.1 - math.log(0.9)) / 2
+    assert debug["approx_kl"].item() == pytest.approx(approx_kl, rel=1e-5)
+    assert debug["clipfrac"].item() == 0.5  # |1.5 - 1| > 0.2, |0.9 - 1| is not
+    assert debug["ratio"].item() == pytest.approx(1.2)
+    # a ratio exactly at the clip boundary (1.5 with clip_coef 0.5, exact in floats) is not clipped
+    at_boundary = torch.tensor([[1.5]])
+    debug = rlhf.debug_variables(all_logprobs[:, :1], at_boundary, at_boundary.log(), torch.tensor([[True]]),
+                                 0.5)
+    assert debug["clipfrac"].item() == 0.0
+
+
+def test_diversity_by_hand():
+    responses = torch.tensor([[1, 2, 3, 9], [1, 2, 3, 5], [4, 5, 9, 9], [6, 9, 9, 9], [7, 2, 9, 9]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 0], [1, 1, 0, 0], [1, 0, 0, 0], [1, 1, 0, 0]]).bool()
+    # rows (1 2 3), (1 2 3), (4 5), (6), (7 2): 4 distinct of 5; bigrams 12 23 12 23 45 72: 4 distinct of 6
+    assert rlhf.diversity(responses, mask) == pytest.approx((0.8, 4 / 6))
+    assert rlhf.diversity(torch.tensor([[3, 4], [3, 4]]), torch.tensor([[True, False]] * 2)) == (0.5, 0.0)
+    assert rlhf.diversity(torch.tensor([[3, 4]]), torch.tensor([[True, True]])) == (1.0, 1.0)  # one bigram
+
+
+def test_query_batches_are_shuffled_passes_split_over_processes(tiny):
+    tokenizer, pad_token_id, _ = rlhf.load_tokenizer(tiny["policy"], ".")
+    prompts = rlhf.PROMPTS[:6]
+
+    def batches(n, **kw):
+        kw.setdefault("local_batch_size", 4)
+        args = rlhf.Args(batch_size=4, max_query_length=64, **kw)
+        iterator = rlhf.query_batches(prompts, tokenizer, args, torch.device("cpu"))
+        return [tokenizer.batch_decode(next(iterator), skip_special_tokens=True) for _ in range(n)]
+
+    drawn = sum(batches(3), [])
+    assert len(drawn) == 12 and all(len(b) == 4 for b in batches(3))
+    assert sorted(drawn[:6]) == sorted(prompts) and sorted(drawn[6:12]) == sorted(prompts)  # pass after pass
+    assert drawn[:6] != prompts  # shuffled
+    assert batches(3) == batches(3) and batches(3, seed=2) != batches(3)  # by --seed, not the global state
+    # torchrun: 2 processes of 2 queries; together the same batches as one process of 4
+    halves = [batches(3, rank=r, local_batch_size=2) for r in (0, 1)]
+    assert [a + b for a, b in zip(*halves)] == batches(3)
+    # left padding and left truncation to max_query_length tokens
+    long_prompt = " ".join(prompts)
+    assert len(tokenizer.encode(long_prompt)) > 8
+    queries = rlhf.tokenize_queries(tokenizer, [long_prompt, "I"], 3, torch.device("cpu"))
+    assert queries[0].tolist() == tokenizer.encode(long_prompt)[-3:]
+    assert queries[1, :2].tolist() == [pad_token_id] * 2 and queries[1, 2].item() == tokenizer.encode("I")[0]
+    iterator = rlhf.query_batches([long_prompt], tokenizer, rlhf.Args(batch_size=2, local_batch_size=2,
+                                                                       max_query_length=5), torch.device("cpu"))
+    assert next(iterator).tolist() == [tokenizer.encode(long_prompt)[-5:]] * 2
+
+
+def test_sample_and_score_truncates_decodes_and_scores_in_chunks(tiny, monkeypatch):
+    """The reward function gets query + response text and the response text, both cut after the stop token,
+    in chunks of --local-rollout-forward-batch-size; the sampled tokens come back with the mask and stops."""
+    tokenizer, pad_token_id, stop_token_id = rlhf.load_tokenizer(tiny["policy"], ".")
+    prompts = ["This movie was", "I", "The film"]
+    continuations = [" great. Not bad", " bad and dull", ". Yes, it was"]
+    encoded = [tokenizer.encode(c) for c in continuations]
+    length = min(len(e) for e in encoded)
+    responses = torch.tensor([e[:length] for e in encoded])
+    assert responses[0].tolist().index(stop_token_id) < length - 1 and stop_token_id not in responses[1]
+    logprobs = -torch.rand(3, length)
+    real_generate, generated = rlhf.generate, []
+
+    def generate(*a, **kw):
+        arguments = inspect.signature(real_generate).bind(*a, **kw)
+        arguments.apply_defaults()
+        generated.append(dict(arguments.arguments))
+        return responses.clone(), logprobs
+
+    monkeypatch.setattr(rlhf, "generate", generate)
+    calls = []
+
+    def reward_fn(texts, response_texts):
+        calls.append((texts, response_texts))
+        return torch.tensor([float(len(t)) for t in texts])
+
+    queries = rlhf.tokenize_queries(tokenizer, prompts, 32, torch.device("cpu"))
+    args = rlhf.Args(response_length=length, min_response_length=0, local_rollout_forward_batch_size=2,
+                     temperature=0.6)
+    policy = object()
+    out, out_logprobs, mask, contain_stop, raw_scores = rlhf.sample_and_score(
+        policy, queries, tokenizer, stop_token_id, reward_fn, args)
+    (arguments,) = generated
+    assert arguments.pop("policy") is policy and torch.equal(arguments.pop("queries"), queries)
+    assert arguments == dict(response_length=length, temperature=0.6, pad_token_id=pad_token_id, greedy=False)
+    texts = sum([c[0] for c in calls], [])
+    response_texts = sum([c[1] for c in calls], [])
+    assert [len(c[0]) for c in calls] == [2, 1]
+    cut = [tokenizer.decode(e[:length]) for e in encoded]
+    cut = [" great.", cut[1], "."]
+    assert response_texts == cut and texts == [p + c for p, c in zip(prompts, cut)]
+    assert raw_scores.tolist() == [float(len(t)) for t in texts]
+    assert contain_stop.tolist() == [True, False, True] and mask.sum(1).tolist()[::2] == [
+        responses[0].tolist().index(stop_token_id) + 1, 1]
+    assert (out[~mask] == pad_token_id).all() and torch.equal(out[mask], responses[mask])
+    assert torch.equal(out_logprobs, logprobs)
+    # --min-response-length 1: the third response's stop token (its first token) does not end it; greedy
+    args.min_response_length = 1
+    _, _, mask, contain_stop, _ = rlhf.sample_and_score(policy, queries, tokenizer, stop_token_id, reward_fn,
+                                                        args, greedy=True)
+    assert generated[-1]["greedy"] is True
+    assert contain_stop.tolist() == [True, False, False] and mask[2].all()
+
+
+def test_response_logprobs_and_values_against_a_plain_forward_pass(tiny):
+    """Each (query, response) alone, no padding, through the plain transformers model with its default
+    positions: the log-probs at temperature T of the response tokens and V(s_t) read at the position before
+    token t must equal what the batched, left-padded helpers give."""
+    torch.manual_seed(7)
+    tokenizer, pad_token_id, _ = rlhf.load_tokenizer(tiny["policy"], ".")
+    policy = rlhf.load_policy(tiny["policy"], torch.device("cpu"))
+    value_model = rlhf.load_value_model(None, policy, torch.device("cpu"))
+    torch.nn.init.normal_(value_model.head.weight)
+    torch.nn.init.normal_(value_model.head.bias)
+    queries = tokenizer(rlhf.PROMPTS[:4], padding=True, return_tensors="pt")["input_ids"]
+    responses = torch.randint(0, policy.config.vocab_size, (4, 5))
+    query_responses, context_length = torch.cat([queries, responses], 1), queries.shape[1]
+    with torch.no_grad():
+        logprobs = rlhf.gather_logprobs(rlhf.response_logits(policy, query_responses, context_length, 0.7,
+                                                             pad_token_id), responses)
+        values = rlhf.response_values(value_model, query_responses, context_length, pad_token_id)
+        for i in range(4):
+            query = [t for t in queries[i].tolist() if t != pad_token_id]
+            ids = torch.tensor([query + responses[i].tolist()])
+            logits = policy(ids).logits[0].double()
+            hidden = value_model.backbone(ids).last_hidden_state[0]
+            for t in range(5):
+                position = len(query) - 1 + t  # the logits here predict response token t
+                expected = (logits[position] / 0.7).log_softmax(-1)[responses[i, t]].item()
+                assert logprobs[i, t].item() == pytest.approx(expected, abs=1e-4), (i, t)
+                expected_value = (hidden[position] @ value_model.head.weight[0]
+                                  + value_model.head.bias).item()
+                assert values[i, t].item() == pytest.approx(expected_value, abs=1e-4), (i, t)
+
+
+def test_one_update_s_gradients_reach_the_trained_models_only(tiny, tmp_path, monkeypatch):
+    """One iteration of 2 minibatches: pg_loss reaches every tensor of the policy and none of the value model,
+    vf_coef * v_loss every tensor of the value model (backbone and head) and none of the policy; each
+    optimizer step applies a gradient to every trained tensor (the value backbone's is exactly 0 at the
+    first step, as the head starts at 0); the frozen reference and reward model get no gradient and do not
+    change."""
+    models = {}
+    real_load_policy, real_load_value_model = rlhf.load_policy, rlhf.load_value_model
+    real_deepcopy, real_from_pretrained = rlhf.copy.deepcopy, rlhf.from_pretrained
+
+    def deepcopy(x, *a):
+        out = real_deepcopy(x, *a)
+        if x is models.get("policy"):
+            models["reference"] = out
+        return out
+
+    def from_pretrained(auto_class, name, *a, **kw):
+        out = real_from_pretrained(auto_class, name, *a, **kw)
+        if auto_class is rlhf.AutoModelForSequenceClassification:
+            models["reward"] = out
+        return out
+
+    monkeypatch.setattr(rlhf, "load_policy", lambda *a: models.setdefault("policy", real_load_policy(*a)))
+    monkeypatch.setattr(rlhf, "load_value_model", lambda *a: models.setdefault("value",
+                                                                                real_load_value_model(*a)))
+    monkeypatch.setattr(rlhf.copy, "deepcopy", deepcopy)
+    monkeypatch.setattr(rlhf, "from_pretrained", from_pretrained)
+    reached = {"pg_loss": [], "v_loss": []}
+
+    def tensors_reached(loss):
+        named = [(f"policy.{n}", p) for n, p in models["policy"].named_parameters()] + [
+            (f"value.{n}", p) for n, p in models["value"].named_parameters()]
+        grads = torch.autograd.grad(loss, [p for _, p in named], retain_graph=True, allow_unused=True)
+        return {n for (n, _), g in zip(named, grads) if g is not None and (g != 0).any()}
+
+    def recorded(name, function):
+        def wrapper(*a, **kw):
+            out = function(*a, **kw)
+            reached[name].append(tensors_reached(out[0] if name == "pg_loss" else out))
+            return out
+        return wrapper
+
+    monkeypatch.setattr(rlhf, "policy_loss", recorded("pg_loss", rlhf.policy_loss))
+    monkeypatch.setattr(rlhf, "value_loss", recorded("v_loss", rlhf.value_loss))
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    steps = []
+    handle = register_optimizer_step_pre_hook(lambda optimizer, args, kwargs: steps.append(
+        {id(p): p.grad.clone() for group in optimizer.param_groups for p in group["params"]}))
+    try:
+        rlhf.main(tiny_args(tiny, tmp_path, total_episodes=8, update_epochs=1, learning_rate=1e-3))
+    finally:
+        handle.remove()
+    policy, value, reference, reward = (models[k] for k in ("policy", "value", "reference", "reward"))
+    policy_names = {f"policy.{n}" for n, _ in policy.named_parameters()}
+    value_names = {f"value.{n}" for n, _ in value.named_parameters()}
+    head = {"value.head.weight", "value.head.bias"}
+    assert len(steps) == 2 and len(reached["pg_loss"]) == len(reached["v_loss"]) == 2
+    assert reached["pg_loss"] == [policy_names] * 2
+    assert reached["v_loss"] == [head, value_names]  # the backbone from the second step on (head no longer 0)
+    trained = list(policy.parameters()) + list(value.parameters())
+    assert set(steps[0]) == set(steps[1]) == {id(p) for p in trained}  # one optimizer over exactly these
+    for p in trained:
+        zero_at_first = any(p is q for q in value.backbone.parameters())
+        assert (steps[0][id(p)] != 0).any() != zero_at_first and (steps[1][id(p)] != 0).any()
+    initial_policy = real_load_policy(tiny["policy"], torch.device("cpu")).state_dict()
+    initial_reward = real_from_pretrained(rlhf.AutoModelForSequenceClassification, tiny["reward"], "")
+    initial_reward = initial_reward.state_dict()
+    for model, initial in ((reference, initial_policy), (reward, initial_reward)):
+        assert all(p.grad is None and not p.requires_grad for p in model.parameters())
+        assert all(torch.equal(t, initial[k]) for k, t in model.state_dict().items())
+    assert all(not torch.equal(t, initial_policy[k]) for k, t in policy.state_dict().items()
+               if t.dtype.is_floating_point)
