@@ -1123,6 +1123,9 @@ def test_model_inputs_scale_logits_gather_logprobs_and_masked_mean_by_hand():
     assert rlhf.scale_logits(logits, 0.5, 4).tolist() == [[2.0, 4.0, 6.0, 8.0]]  # pad id outside the vocab
     assert rlhf.scale_logits(logits, 0.5, 2).tolist() == [[2.0, 4.0, torch.finfo(torch.float32).min, 8.0]]
     assert logits.tolist() == [[1.0, 2.0, 3.0, 4.0]]  # not scaled in place
+    # (batch, response_length, vocab) as in the update: the pad id is compared with the vocabulary size
+    scaled = rlhf.scale_logits(torch.ones(1, 2, 4), 1.0, 3)
+    assert (scaled[..., 3] == torch.finfo(torch.float32).min).all() and (scaled[..., :3] == 1).all()
     # softmax of (0, ln 3) is (1/4, 3/4)
     logits = torch.tensor([[[0.0, math.log(3)], [math.log(3), 0.0]], [[0.0, 0.0], [0.0, math.log(3)]]])
     torch.testing.assert_close(rlhf.gather_logprobs(logits, torch.tensor([[1, 1], [0, 0]])),
@@ -1255,8 +1258,8 @@ def test_query_batches_are_shuffled_passes_split_over_processes(tiny):
     queries = rlhf.tokenize_queries(tokenizer, [long_prompt, "I"], 3, torch.device("cpu"))
     assert queries[0].tolist() == tokenizer.encode(long_prompt)[-3:]
     assert queries[1, :2].tolist() == [pad_token_id] * 2 and queries[1, 2].item() == tokenizer.encode("I")[0]
-    iterator = rlhf.query_batches([long_prompt], tokenizer, rlhf.Args(batch_size=2, local_batch_size=2,
-                                                                       max_query_length=5), torch.device("cpu"))
+    args = rlhf.Args(batch_size=2, local_batch_size=2, max_query_length=5)
+    iterator = rlhf.query_batches([long_prompt], tokenizer, args, torch.device("cpu"))
     assert next(iterator).tolist() == [tokenizer.encode(long_prompt)[-5:]] * 2
 
 
@@ -1418,3 +1421,13 @@ def test_one_update_s_gradients_reach_the_trained_models_only(tiny, tmp_path, mo
         assert all(torch.equal(t, initial[k]) for k, t in model.state_dict().items())
     assert all(not torch.equal(t, initial_policy[k]) for k, t in policy.state_dict().items()
                if t.dtype.is_floating_point)
+
+
+def test_arithmetic_split_is_the_published_one_and_three_digits_start_at_100():
+    """The held-out problems are those the results pages report accuracies on: the split is pinned (another
+    seed of the shuffle, or another shuffle, would change them); operands of d digits run from 10^(d-1)."""
+    assert rlhf.arithmetic_problems(1, held_out=True)[:3] == [
+        "What is 3 + 5? The answer is", "What is 5 + 3? The answer is", "What is 1 + 3? The answer is"]
+    held_out = rlhf.arithmetic_problems(3, held_out=True)
+    operands = [int(p.split()[i].rstrip("?")) for p in held_out for i in (2, 4)]
+    assert min(operands) == 100 and max(operands) == 999
