@@ -42,6 +42,7 @@ SKIPPED_DIRS = {".git", ".venv", ".venv-ci", "runs", "models", "mutants", "video
                 ".pytest_cache", "venv-trl"}
 SEPARATOR = "ǁ"  # mutmut's separator of class and method in a mutant's name
 KILLED = {1, 3}  # mutmut's exit codes that mean "killed" (3: pytest's internal error, e.g. an exception)
+TIMEOUTS = {-24, 24, 152, 255, 36}  # a mutant whose tests ran past mutmut's CPU-time limit: counted as killed
 
 
 def plumbing_line(source: str) -> int:
@@ -202,20 +203,22 @@ def run_script(script: str, args) -> int:
         print(f"error: mutmut run exited with status {done.returncode}")
         return 1
     results = score(copy, script, functions, args.only)
-    total = killed = 0
+    total = killed = timeouts = 0
     survivors = []
     print(f"   {'function':<28} killed / mutants   survivors")
     for function, codes in results.items():
         if not codes:
             continue
-        k = sum(code in KILLED for code in codes.values())
+        k = sum(code in KILLED | TIMEOUTS for code in codes.values())
         total, killed = total + len(codes), killed + k
-        bad = [key for key, code in codes.items() if code not in KILLED]
+        timeouts += sum(code in TIMEOUTS for code in codes.values())
+        bad = [key for key, code in codes.items() if code not in KILLED | TIMEOUTS]
         survivors += [(key, codes[key]) for key in bad]
         print(f"   {function.replace(SEPARATOR, '.'):<28} {k:>6} / {len(codes):<7}   "
               f"{', '.join(key.rpartition('__mutmut_')[2] for key in bad)}")
     percent = 100 * killed / total if total else float("nan")
-    print(f"   {script}.py: {killed} / {total} killed ({percent:.1f}%), {len(survivors)} not killed, "
+    print(f"   {script}.py: {killed} / {total} killed ({percent:.1f}%; {timeouts} of them by a timeout), "
+          f"{len(survivors)} not killed, "
           f"{seconds / 60:.1f} min, {time.strftime('%Y-%m-%d')}")
     status = {0: "survived", 33: "no tests", 5: "no tests", 36: "timeout", None: "not checked"}
     for key, code in survivors:
@@ -237,7 +240,7 @@ def main() -> int:
     parser.add_argument("--workdir", help="the private copy (one script; default /tmp/mutmut_score/<script>)")
     parser.add_argument("--only", nargs="+", help="only these mutant names (globs without the module, e.g. "
                                                   "'x_compute_gae__mutmut_*' or x_policy_loss__mutmut_3)")
-    parser.add_argument("--list", action="store_true", help="show the functions and tests selected, run nothing")
+    parser.add_argument("--list", action="store_true", help="list the functions and tests, run nothing")
     args = parser.parse_args()
     if args.workdir and len(args.scripts) > 1:
         sys.exit("error: --workdir takes one script")
