@@ -1,8 +1,12 @@
 """The course-exercise scripts in experiments/: the clip-objective curve is the code's own and flat exactly where
-theory says; the epsilon ablation builds the benchmark runs it means to and rejects bad input before running."""
+theory says; the epsilon ablation builds the benchmark runs it means to and rejects bad input before running.
+Also benchmarks/preference_baselines.py, a tool outside the scripts."""
 
 import importlib.util
+import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -10,8 +14,8 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def load(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "experiments", f"{name}.py"))
+def load(name, folder="experiments"):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, folder, f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -267,7 +271,6 @@ def test_overopt_wrapped_reward_records_gold_of_the_scored_texts_by_phase(overop
 
 
 def test_overopt_end_to_end_writes_the_page_and_the_figure(overopt_models, tmp_path):
-    import json
 
     root, out = overopt_models, str(tmp_path / "overopt")
     proxies = [str(root / "proxy_small"), str(root / "proxy_large")]
@@ -312,3 +315,35 @@ def test_overopt_end_to_end_writes_the_page_and_the_figure(overopt_models, tmp_p
         f.write("\n<!-- reading -->\nThe gold peaks early.\n")
     rlhf_overoptimization.main(rlhf_overoptimization.Report(out=out, num_disagreements=2))
     assert open(out + ".md").read().endswith("<!-- reading -->\nThe gold peaks early.\n")
+
+
+# ------------------------------------------------------ benchmarks/preference_baselines.py (issue 31)
+
+
+def test_preference_baselines_learn_a_word_preference_and_report_the_gold_labeler(tmp_path):
+    """benchmarks/preference_baselines.py on a file where the chosen response holds "good" and the rejected
+    one "bad" among shared filler words: the bag-of-words model learns it from the training split (held-out
+    1.0), and the gold labeler's accuracy is the share of held-out lines whose gold order agrees with the
+    label."""
+    baselines = load("preference_baselines", "benchmarks")
+    sys.path.insert(0, ROOT)
+    import reward_model_gpt2
+    fillers = ["the film", "a scene", "this plot", "an actor", "the music"]
+    comparisons = [{"prompt": "It was", "chosen": f" {fillers[i % 5]} good {fillers[(i + 2) % 5]}",
+                    "rejected": f" {fillers[(i + 1) % 5]} bad {fillers[(i + 3) % 5]}",
+                    "gold_chosen": 1.0 if i % 4 else -1.0, "gold_rejected": 0.0} for i in range(40)]
+    train, held_out = reward_model_gpt2.split_comparisons(40, 0.25, 1)
+    assert baselines.bag_of_words_accuracy(comparisons, train, held_out, 0.1) == 1.0
+    # words never seen in training score 0: a held-out pair made only of them is a tie (1/2)
+    unseen = comparisons + [{"prompt": "It was", "chosen": " superb", "rejected": " dull"}]
+    assert baselines.bag_of_words_accuracy(unseen, train, [40], 0.1) == 0.5
+    path = tmp_path / "preferences.jsonl"
+    path.write_text("".join(json.dumps(c) + "\n" for c in comparisons))
+    tool = os.path.join(ROOT, "benchmarks", "preference_baselines.py")
+    out = subprocess.run([sys.executable, tool, str(path), "--eval-fraction", "0.25", "--sizes", "8", "100",
+                          "--l2", "0.1"],
+                         capture_output=True, text=True, check=True).stdout
+    expected_gold = sum(1 for i in held_out if i % 4) / len(held_out)
+    assert f"gold labeler: {expected_gold:.3f}" in out
+    assert "bag of words, 8 training comparisons" in out
+    assert "bag of words, 30 training comparisons: l2 0.1: 1.000" in out

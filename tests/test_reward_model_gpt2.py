@@ -525,37 +525,3 @@ def test_house_style():
     assert len(plumbing) == 1 and source.splitlines().index("def main(args: Args) -> dict:") < plumbing[0]
     missing = [f.name for f in dataclasses.fields(rm.Args) if not get_field_docstring(rm.Args, f.name, ())]
     assert not missing
-
-
-def test_preference_baselines_learn_a_word_preference_and_report_the_gold_labeler(tmp_path):
-    """benchmarks/preference_baselines.py on a file where the chosen response holds "good" and the rejected
-    one "bad" among shared filler words: the bag-of-words model learns it from the training split (held-out
-    1.0), and the gold labeler's accuracy is the share of held-out lines whose gold order agrees with the
-    label."""
-    import importlib.util
-    import subprocess
-    import sys
-
-    root = Path(__file__).resolve().parent.parent
-    spec = importlib.util.spec_from_file_location("preference_baselines",
-                                                  root / "benchmarks/preference_baselines.py")
-    baselines = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(baselines)
-    fillers = ["the film", "a scene", "this plot", "an actor", "the music"]
-    comparisons = [{"prompt": "It was", "chosen": f" {fillers[i % 5]} good {fillers[(i + 2) % 5]}",
-                    "rejected": f" {fillers[(i + 1) % 5]} bad {fillers[(i + 3) % 5]}",
-                    "gold_chosen": 1.0 if i % 4 else -1.0, "gold_rejected": 0.0} for i in range(40)]
-    train, held_out = rm.split_comparisons(40, 0.25, 1)
-    assert baselines.bag_of_words_accuracy(comparisons, train, held_out, 0.1) == 1.0
-    # words never seen in training score 0: a held-out pair made only of them is a tie (1/2)
-    unseen = comparisons + [{"prompt": "It was", "chosen": " superb", "rejected": " dull"}]
-    assert baselines.bag_of_words_accuracy(unseen, train, [40], 0.1) == 0.5
-    path = tmp_path / "preferences.jsonl"
-    path.write_text("".join(json.dumps(c) + "\n" for c in comparisons))
-    out = subprocess.run([sys.executable, str(root / "benchmarks/preference_baselines.py"), str(path),
-                          "--eval-fraction", "0.25", "--sizes", "8", "100", "--l2", "0.1"],
-                         capture_output=True, text=True, check=True).stdout
-    expected_gold = sum(1 for i in held_out if i % 4) / len(held_out)
-    assert f"gold labeler: {expected_gold:.3f}" in out
-    assert "bag of words, 8 training comparisons" in out
-    assert "bag of words, 30 training comparisons: l2 0.1: 1.000" in out
