@@ -7,6 +7,7 @@ import dataclasses
 import json
 import math
 import os
+import random
 import statistics
 from pathlib import Path
 
@@ -319,6 +320,71 @@ def test_learning_a_separable_preference_and_the_logs(tiny, tmp_path):
     assert all(v == pytest.approx(gold) for _, v in scalars["eval/gold_accuracy"])
     losses = [v for _, v in scalars["losses/reward_loss"]]
     assert sum(losses[-5:]) < sum(losses[:5])
+
+
+def test_main_passes_each_quantity_where_it_belongs(tiny, tmp_path, monkeypatch):
+    """main()'s glue, checked where the wrong wirings differ: a held-out split whose gold accuracy differs
+    from the training split's, two epochs of three steps, each step two micro-batches. What main() gives the
+    scoring and evaluation functions is recorded and checked against the split and the file, and every
+    logged loss and accuracy against numbers computed here from the recorded scores."""
+    n, seed = 24, 1
+    order = list(range(n))
+    random.Random(seed).shuffle(order)  # the seeded split of detail 39, written out
+    held_out, training = order[:6], order[6:]
+    # gold agrees with the label on every training pair, and on 2 of the 6 held-out ones
+    comparisons = [{"prompt": rm.PROMPTS[i], "chosen": f" a good film, scene {i}.",
+                    "rejected": f" a bad film, scene {i}.", "gold_chosen": 1.0, "gold_rejected": 0.0}
+                   for i in range(n)]
+    for i in held_out[2:]:
+        comparisons[i]["gold_chosen"], comparisons[i]["gold_rejected"] = 0.0, 1.0
+    args = tiny_args(tiny, tmp_path, gold=None, preferences=write_lines(tmp_path / "p.jsonl", comparisons),
+                     eval_fraction=0.25, seed=seed, batch_size=6, gradient_accumulation_steps=2, num_epochs=2,
+                     eval_every=0)
+
+    evaluated, trained = [], []  # each evaluation's comparisons; each micro-batch's texts and scores
+    real_evaluate, real_score_texts = rm.evaluate, rm.score_texts
+
+    def evaluate(model, tokenizer, comps, *a):
+        evaluated.append(sorted(int(c["chosen"].split()[-1].rstrip(".")) for c in comps))
+        return real_evaluate(model, tokenizer, comps, *a)
+
+    def score_texts(*a, **kw):
+        scores = real_score_texts(*a, **kw)
+        if torch.is_grad_enabled():
+            trained.append((a[2], scores.detach().clone()))
+        return scores
+
+    monkeypatch.setattr(rm, "evaluate", evaluate)
+    monkeypatch.setattr(rm, "score_texts", score_texts)
+    result = rm.main(args)
+    scalars = read_scalars(result["run_dir"])
+
+    assert evaluated == [sorted(held_out)] * 2  # before and after training, the held-out comparisons only
+    assert result["gold_accuracy"] == pytest.approx(2 / 6)
+    assert [v for _, v in scalars["eval/gold_accuracy"]] == pytest.approx([2 / 6] * 2)
+    # 2 epochs x 3 steps x 2 micro-batches of 3 comparisons: the chosen texts, then the rejected ones
+    assert len(trained) == 12
+    indices = []
+    for texts, _ in trained:
+        indices.append([int(t.split()[-1][:-1]) for t in texts[:3]])
+        chosen = [rm.PROMPTS[i] + f" a good film, scene {i}." for i in indices[-1]]
+        assert texts == chosen + [t.replace(" a good film", " a bad film") for t in chosen]
+    epochs = [sum(indices[6 * e : 6 * e + 6], []) for e in range(2)]
+    for epoch in epochs:  # each training comparison once an epoch, in a shuffled order
+        assert sorted(epoch) == sorted(training)
+    assert epochs[0] != epochs[1] and sorted(training) not in epochs and training not in epochs
+    # the logs: the mean over a step's two micro-batches of their loss and accuracy (ties count 1/2)
+    losses, accuracies, differing = [], [], False
+    for k in range(0, 12, 2):
+        margins = [(scores[:3] - scores[3:]).tolist() for _, scores in trained[k : k + 2]]
+        micro_accuracies = [sum(1.0 if m > 0 else 0.5 if m == 0 else 0.0 for m in ms) / 3 for ms in margins]
+        losses.append(sum(sum(math.log1p(math.exp(-m)) for m in ms) / 3 for ms in margins) / 2)
+        accuracies.append(sum(micro_accuracies) / 2)
+        if micro_accuracies[0] != micro_accuracies[1]:
+            differing = True
+    assert differing  # some step's micro-batches differ, so a wrong mean would show
+    assert [v for _, v in scalars["losses/reward_loss"]] == pytest.approx(losses, rel=1e-5)
+    assert [v for _, v in scalars["charts/accuracy"]] == pytest.approx(accuracies)
 
 
 def test_one_step_trains_every_parameter(tiny, tmp_path, monkeypatch):
