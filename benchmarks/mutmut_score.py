@@ -9,9 +9,10 @@ are for:
     functions, which mutmut never mutates (generate and evaluate in the RLHF file: listed as skipped);
   - not mutated: main(), and below the "# Plumbing" line the argument checks, loading, saving and evaluation
     of a saved agent (tested by the bad-argument and round-trip tests, which run main());
-  - tests run: the tests of tests/test_<script>.py that neither run main() nor start a subprocess (found by
-    reading the test file: a test is left out if it, a fixture it takes or a helper it calls, transitively,
-    refers to <script>.main or subprocess), each mutant against only those of them that call its function.
+  - tests run: the tests of tests/test_<script>.py that neither run main(), nor start a subprocess, nor read
+    the script's text (found by reading the test file: a test is left out if it, a fixture it takes or a
+    helper it calls, transitively, refers to <script>.main, <script>.__file__ or subprocess), each mutant
+    against only those of them that call its function.
 
 mutmut writes a mutants/ folder and caches beside the code, so everything runs in a private copy of the
 repository (--workdir, default /tmp/mutmut_score/<script>, made afresh each run); the [mutmut] section of the
@@ -82,8 +83,9 @@ def selected_functions(script: Path) -> tuple[list[str], list[str]]:
 
 
 def unit_tests(test_file: Path, module: str) -> tuple[list[str], list[str]]:
-    """The test functions of test_file that never run <module>.main() nor a subprocess, through the fixtures
-    they take and the module-level helpers they call (transitively); and the ones left out."""
+    """The test functions of test_file that never run <module>.main() nor a subprocess nor read the script's
+    text (<module>.__file__), through the fixtures they take and the module-level helpers they call
+    (transitively); and the ones left out."""
     tree = ast.parse(test_file.read_text())
     aliases = {module}
     for node in ast.walk(tree):
@@ -97,6 +99,10 @@ def unit_tests(test_file: Path, module: str) -> tuple[list[str], list[str]]:
                     and sub.value.id in aliases:
                 return True
             if isinstance(sub, ast.Name) and sub.id == "subprocess":
+                return True
+            # <module>.__file__: the test reads the script's text, which mutmut rewrites (house style checks)
+            if isinstance(sub, ast.Attribute) and sub.attr == "__file__" and isinstance(sub.value, ast.Name) \
+                    and sub.value.id in aliases:
                 return True
         return False
 

@@ -128,6 +128,9 @@ def test_score_normalization():
     assert statistics.mean(normalized) == pytest.approx(0, abs=1e-6)
     assert statistics.stdev(normalized) == pytest.approx(1)
     assert rm.score_normalization(torch.full((5,), 3.0)) == (1.0, pytest.approx(-3.0))
+    # two scores 0.5 apart: sample std 0.5 / sqrt(2) (below 1, so the gain is above 1), mean 0.25
+    assert rm.score_normalization(torch.tensor([0.0, 0.5])) == (pytest.approx(2 ** 0.5 / 0.5),
+                                                                pytest.approx(-0.25 * 2 ** 0.5 / 0.5))
 
 
 def test_split_comparisons_is_seeded_disjoint_and_complete():
@@ -177,6 +180,11 @@ def test_score_is_read_at_the_last_real_token_whatever_the_padding(tiny):
     with torch.no_grad():
         torch.testing.assert_close(rm.score_texts(model, tokenizer, texts, 64, CPU), expected, atol=1e-5,
                                    rtol=1e-4)
+    # a text longer than max_length loses its first tokens: scored as its last 4 tokens alone
+    with torch.no_grad():
+        last_four = model(input_ids=torch.tensor([ids[1][-4:]])).logits[0, 0]
+        truncated = rm.score_texts(model, tokenizer, texts[1:2], 4, CPU)[0]
+    torch.testing.assert_close(truncated, last_four, atol=1e-5, rtol=1e-4)
 
 
 def test_reward_model_starts_from_the_policy_with_a_scaled_head_and_dropout_off(tiny):
@@ -204,6 +212,75 @@ def test_generation_is_left_padded_with_positions_from_the_mask(tiny):
         expected = policy.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)[0, ids.shape[1]:]
         assert responses[row].tolist() == expected.tolist()
 
+
+def test_evaluate_by_hand_over_several_chunks(tiny):
+    """Held-out loss and accuracy of 3 comparisons scored 2 texts at a time (chunks that cut across the chosen
+    and rejected halves), against plain transformers on each text alone and the per-pair formulas."""
+    model = loaded_reward_model(tiny)
+    tokenizer, _ = rm.load_tokenizer(tiny["policy"], ".")
+    comparisons = [{"prompt": "This movie was", "chosen": " great.", "rejected": " bad, and too long."},
+                   {"prompt": "I went into this film expecting", "chosen": " a lot", "rejected": " nothing"},
+                   {"prompt": "The", "chosen": " plot works.", "rejected": " ending fails"}]
+
+    def score(text):
+        with torch.no_grad():
+            return model(input_ids=torch.tensor([tokenizer(text)["input_ids"]])).logits[0, 0].item()
+
+    margins = [score(c["prompt"] + c["chosen"]) - score(c["prompt"] + c["rejected"]) for c in comparisons]
+    assert len({m > 0 for m in margins}) == 2  # some pairs in order, some not: the accuracy is informative
+    stats = rm.evaluate(model, tokenizer, comparisons, rm.Args(forward_batch_size=2), CPU)
+    assert stats["reward_loss"] == pytest.approx(sum(math.log1p(math.exp(-m)) for m in margins) / 3, rel=1e-4)
+    assert stats["accuracy"] == pytest.approx(sum(m > 0 for m in margins) / 3)
+
+
+def test_sample_comparisons_pairs_two_responses_to_one_prompt_labeled_by_gold(tiny, monkeypatch):
+    """Called directly: each batch samples every prompt twice (response a, then b), each response cut after
+    its first stop token from --min-response-length on (worked out here from the sampled tokens); the gold
+    function gets prompt + response and the response; with beta ~ 0 the label follows the gold scores; the
+    same seed gives the same comparisons."""
+    tokenizer, stop_token_id = rm.load_tokenizer(tiny["stops"], ".")
+    policy = rm.load_policy(tiny["stops"], CPU)
+    prompts = ["This movie was", "I went into this film expecting", "The ending of this film"]
+    args = rm.Args(model_name=tiny["stops"], num_comparisons=10, forward_batch_size=4, response_length=10,
+                   min_response_length=3, gold_beta=1e-6, seed=3)
+    sampled, calls = [], []
+    real_generate = rm.generate
+
+    def generate(*a, **kw):
+        sampled.append(real_generate(*a, **kw))
+        return sampled[-1]
+
+    monkeypatch.setattr(rm, "generate", generate)
+
+    def gold_fn(texts, responses):  # characters of the response; the arguments recorded
+        calls.append((texts, responses))
+        return torch.tensor([float(len(r)) for r in responses])
+
+    comparisons = rm.sample_comparisons(policy, prompts, tokenizer, stop_token_id, gold_fn, args, CPU)
+    assert len(comparisons) == 10 and len(calls) == len(sampled) == 3
+    cut_somewhere = False
+    for tokens, (texts, responses) in zip(sampled, calls):
+        assert tokens.shape == (8, 10) and len(texts) == len(responses) == 8
+        for row, response in zip(tokens.tolist(), responses):
+            stops = [k for k, t in enumerate(row) if t == stop_token_id and k >= 3]
+            kept = row[: stops[0] + 1] if stops else row
+            cut_somewhere |= len(kept) < 10
+            assert response == tokenizer.decode(kept, skip_special_tokens=True)
+        prompt_parts = [t[: len(t) - len(r)] for t, r in zip(texts, responses)]
+        assert [t[len(p) :] for t, p in zip(texts, prompt_parts)] == responses
+        assert prompt_parts[:4] == prompt_parts[4:] and all(p in prompts for p in prompt_parts)
+    assert cut_somewhere
+    in_batches = [r for _, responses in calls for r in responses]
+    for c in comparisons:
+        assert c["prompt"] in prompts and c["chosen"] != c["rejected"] and c["chosen"] and c["rejected"]
+        assert c["chosen"] in in_batches and c["rejected"] in in_batches
+        assert (c["gold_chosen"], c["gold_rejected"]) == (len(c["chosen"]), len(c["rejected"]))
+        assert c["gold_chosen"] >= c["gold_rejected"]  # beta ~ 0: the longer one is preferred (ties: a coin)
+    assert any(c["gold_chosen"] > c["gold_rejected"] for c in comparisons)
+    torch.manual_seed(0)
+    again = rm.sample_comparisons(policy, prompts, tokenizer, stop_token_id, gold_fn, args, CPU)
+    torch.manual_seed(0)
+    assert rm.sample_comparisons(policy, prompts, tokenizer, stop_token_id, gold_fn, args, CPU) == again
 
 # ---------------------------------------------------------------------------------------------- runs
 
