@@ -645,7 +645,8 @@ def main(args: Args) -> dict:
         print("interrupted while saving or evaluating: keeping the logs; the model folder may be incomplete")
     finally:
         writer.close()
-        if args.world_size > 1:
+        if args.world_size > 1:  # wait for process 0's saving and evaluation, then leave together
+            torch.distributed.barrier()
             torch.distributed.destroy_process_group()
     return {"run_dir": run_dir, "eval": eval_stats, **stats}
 
