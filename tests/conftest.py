@@ -241,6 +241,49 @@ gym.register("TinyDiscrete-v0", entry_point=TinyEnv, max_episode_steps=4, kwargs
 gym.register("TinyBox-v0", entry_point=TinyEnv, max_episode_steps=4, kwargs={"box": True})
 
 
+def check_same_step_autoreset(make_vector_env, env_id, actions):
+    """A script's make_vector_env, stepped by hand on TinyDiscrete-v0 or TinyBox-v0 with env 0 always ending its
+    episode at t = 2 (actions[0]) and env 1 never (actions[1]), so that it is truncated after 4 steps: each
+    episode's end is reported in the step that ends it, with the final observation in infos and the next
+    episode's first observation returned (SAME_STEP; the default NEXT_STEP would return the final one), and
+    the vector env records the raw episode returns (1 + 2 + 3 and 1 + 2 + 3 + 4) and lengths."""
+    envs = make_vector_env(env_id, 2)
+    obs, _ = envs.reset(seed=0)
+    assert obs[:, 0].tolist() == [0.0, 0.0]
+    seen = []
+    for _ in range(4):
+        obs, rewards, terminations, truncations, infos = envs.step(np.array(actions))
+        final = [infos["final_obs"][i][0] if infos.get("_final_obs", [False, False])[i] else None for i in (0, 1)]
+        ended = [(float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i]))
+                 if infos.get("_episode", [False, False])[i] else None for i in (0, 1)]
+        seen.append((obs[:, 0].tolist(), rewards.tolist(), terminations.tolist(), truncations.tolist(), final, ended))
+    envs.close()
+    assert seen == [
+        ([1.0, 1.0], [1.0, 1.0], [False, False], [False, False], [None, None], [None, None]),
+        ([2.0, 2.0], [2.0, 2.0], [False, False], [False, False], [None, None], [None, None]),
+        # env 0's pole falls at t = 2: its final observation [3] in infos, the new episode's [0] returned
+        ([0.0, 3.0], [3.0, 3.0], [True, False], [False, False], [3.0, None], [(6.0, 3), None]),
+        # env 1 is cut by the time limit after 4 steps (final observation [4]); env 0 is one step in
+        ([1.0, 0.0], [1.0, 4.0], [False, False], [False, True], [None, 4.0], [None, (10.0, 4)]),
+    ]
+
+
+def mlp_by_hand(net, x):
+    """What a network of two tanh hidden layers and a linear output computes, worked out in float64 numpy from
+    its three Linear layers' weights, not by calling it: tanh(x W1' + b1), then tanh(. W2' + b2), then
+    . W3' + b3. Gives every bias random values first (they start at 0), so that a lost bias shows."""
+    layers = [m for m in net if isinstance(m, torch.nn.Linear)]
+    assert len(layers) == 3
+    h = np.asarray(x, dtype=np.float64)
+    for i, layer in enumerate(layers):
+        with torch.no_grad():
+            layer.bias.copy_(torch.randn_like(layer.bias) * 0.1)
+        w, b = layer.weight.detach().double().numpy(), layer.bias.detach().double().numpy()
+        h = h @ w.T + b
+        h = np.tanh(h) if i < 2 else h
+    return h
+
+
 def as_numpy(x):
     """A float64 (or bool) numpy copy of a tensor or array; anything else as it is."""
     if isinstance(x, torch.Tensor):

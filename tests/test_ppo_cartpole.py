@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import ppo_cartpole
-from conftest import check_ppo_update_wiring, unusable_checkpoint, value_of, walker_agent_pt
+from conftest import check_ppo_update_wiring, check_same_step_autoreset, mlp_by_hand, unusable_checkpoint, value_of, walker_agent_pt
 
 SHARED_TAGS = [
     "charts/episodic_return",
@@ -159,6 +159,44 @@ def test_networks_start_orthogonal_with_the_gains_of_detail_2():
             assert not layer.bias.any()
 
 
+def test_vector_env_resets_in_the_step_that_ends_an_episode_and_records_it():
+    check_same_step_autoreset(ppo_cartpole.make_vector_env, "TinyDiscrete-v0", [1, 0])
+
+
+def test_agent_is_two_tanh_layers_and_a_softmax_policy_worked_out_by_hand():
+    torch.manual_seed(0)
+    agent = ppo_cartpole.Agent(4, 3)
+    with torch.no_grad():  # a policy far from uniform, so that a wrong formula shows
+        agent.actor[-1].weight.mul_(300.0)
+    x = torch.randn(64, 4)
+    value, logits = mlp_by_hand(agent.critic, x)[:, 0], mlp_by_hand(agent.actor, x)
+    log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    action = torch.arange(64) % 3
+    _, logprob, entropy, new_value = agent.get_action_and_value(x, action)
+    np.testing.assert_allclose(new_value.detach().numpy(), value, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(logprob.detach().numpy(), log_probs[range(64), action], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(entropy.detach().numpy(), -(np.exp(log_probs) * log_probs).sum(-1), rtol=1e-4,
+                               atol=1e-5)
+    assert entropy.min() < 0.5  # states where the policy is far from uniform
+    # the rollout's pass: its sampled actions, each scored by hand
+    sampled, sampled_logprob = agent.get_action(x)
+    assert sampled.shape == (64,)
+    np.testing.assert_allclose(sampled_logprob.detach().numpy(), log_probs[range(64), sampled], rtol=1e-4,
+                               atol=1e-5)
+    # evaluation plays each row's most probable action
+    assert agent.greedy_action(x).tolist() == logits.argmax(-1).tolist() and len(set(logits.argmax(-1))) > 1
+
+
+def test_gae_of_a_one_step_rollout_is_the_td_residual():
+    # num_steps 1: nothing flows in from later steps; truncated env 1 bootstraps, terminated env 2 does not
+    rewards, values = np.array([[1.0, 2.0, 3.0]]), np.array([[0.5, 1.0, 1.5]])
+    next_values, terminations = np.array([[2.0, 4.0, 100.0]]), np.array([[0.0, 0.0, 1.0]])
+    dones = np.array([[0.0, 1.0, 1.0]])
+    advantages, returns = ppo_cartpole.compute_gae(rewards, values, next_values, terminations, dones, 0.5, 0.9)
+    assert advantages.tolist() == [[1.0 + 1.0 - 0.5, 2.0 + 2.0 - 1.0, 3.0 - 1.5]]
+    assert returns.tolist() == [[2.0, 4.0, 3.0]]
+
+
 def test_value_loss_clipping():
     newvalue = torch.tensor([3.0], requires_grad=True)
     values, returns = torch.tensor([1.0]), torch.tensor([0.0])
@@ -172,6 +210,31 @@ def test_value_loss_clipping():
     assert loss.item() == pytest.approx(0.5 * (10.0 - 1.5) ** 2)
     loss.backward()
     assert newvalue.grad.item() == 0.0
+
+
+def test_ratio_is_the_new_probability_over_the_old_one():
+    # old log-probabilities that are not 0 (a rollout's are not): a wrong sign in the log-ratio shows
+    newlogprob = torch.log(torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)).requires_grad_()
+    logprobs = torch.log(torch.tensor([0.4, 0.6, 0.2], dtype=torch.float64))
+    advantages = torch.tensor([1.0, 1.0, -2.0], dtype=torch.float64)
+    pg_loss, ratio, logratio = ppo_cartpole.policy_loss(newlogprob, logprobs, advantages, 0.2)
+    np.testing.assert_allclose(ratio.detach().numpy(), [1.25, 0.5, 1.0], rtol=1e-12)
+    np.testing.assert_allclose(logratio.detach().numpy(), np.log([1.25, 0.5, 1.0]), rtol=1e-12, atol=1e-15)
+    # max(-1.25, -1.2) = -1.2 (clipped), max(-0.5, -0.8) = -0.5, max(2, 2) = 2
+    assert pg_loss.item() == pytest.approx((-1.2 - 0.5 + 2.0) / 3)
+    pg_loss.backward()
+    np.testing.assert_allclose(newlogprob.grad.numpy(), [0.0, -0.5 / 3, 2.0 / 3], rtol=1e-12)
+
+
+def test_value_loss_clipping_on_both_sides_by_hand():
+    # the rollout's values are 1 and clip_coef 0.5: a prediction above 1.5, one below 0.5, one inside, and
+    # one below whose unclipped error is the larger
+    newvalue = torch.tensor([3.0, -1.0, 1.2, 0.2], dtype=torch.float64)
+    values = torch.ones(4, dtype=torch.float64)
+    returns = torch.tensor([0.0, -3.0, 5.0, 3.0], dtype=torch.float64)
+    # unclipped errors 9, 4, 14.44, 7.84; clipped predictions 1.5, 0.5, 1.2, 0.5: errors 2.25, 12.25, 14.44, 6.25
+    loss = ppo_cartpole.value_loss(newvalue, values, returns, 0.5, clip_vloss=True)
+    assert loss.item() == pytest.approx(0.5 * (9.0 + 12.25 + 14.44 + 7.84) / 4)
 
 
 # ---------------------------------------------------------------------------- runs

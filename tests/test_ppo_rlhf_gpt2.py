@@ -12,6 +12,7 @@ import statistics
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -1152,7 +1153,9 @@ def test_masked_whiten_score_normalization_and_gae_by_hand():
     assert rlhf.score_normalization(torch.tensor([-0.5, 0.0, 0.5])) == pytest.approx((2.0, 0.0))
     # the threshold: a std of 1e-6 (exactly, in float64) or less is a constant reward
     assert rlhf.score_normalization(torch.tensor([-1e-6, 0.0, 1e-6], dtype=torch.float64)) == (1.0, 0.0)
-    assert rlhf.score_normalization(torch.tensor([3.0])) == pytest.approx((1.0, -3.0))  # one sample: no scale
+    with warnings.catch_warnings():  # one sample has no scale; torch warns if asked for its std: never ask
+        warnings.simplefilter("error")
+        assert rlhf.score_normalization(torch.tensor([3.0])) == pytest.approx((1.0, -3.0))
     # one response of 2 real tokens and a padded one; gamma 0.9, lambda 0.5
     rewards, values = torch.tensor([[1.0, 2.0, 0.0]]), torch.tensor([[0.5, 1.0, 7.0]])
     advantages, returns = rlhf.compute_gae(rewards, values, torch.tensor([[True, True, False]]), 0.9, 0.5)

@@ -14,7 +14,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import ppo_walker2d as P
-from conftest import cartpole_agent_pt, check_ppo_update_wiring, unusable_checkpoint, value_of
+from conftest import cartpole_agent_pt, check_ppo_update_wiring, check_same_step_autoreset, mlp_by_hand, unusable_checkpoint, value_of
 
 torch.set_num_threads(1)
 
@@ -99,6 +99,19 @@ def test_reward_scaler_divides_by_the_std_of_the_discounted_return():
     np.testing.assert_allclose(scaler.discounted_return, [0.0, 3.0])  # env 0's episode ended
     tight = P.RewardScaler(num_envs=2, gamma=0.5, clip=0.1)
     np.testing.assert_array_equal(tight(np.array([1.0, -2.0]), no_done), [0.1, -0.1])
+
+
+def test_normalization_of_a_feature_and_a_reward_that_never_vary_stays_finite():
+    # a constant observation feature (some MuJoCo envs have them) or a reward that is always 0: after enough
+    # steps the running variance falls below the 1e-8 the divisions add, and the result must stay 0, not nan
+    rms = P.RunningMeanStd(2)
+    rms.update(np.stack([np.zeros(20_000), np.arange(20_000.0)], axis=1))
+    assert rms.var[0] < 1e-8
+    got = P.normalize_obs(np.array([[0.0, 5.0]]), rms, 10.0)
+    assert got[0, 0] == 0.0 and np.isfinite(got).all()
+    scaler = P.RewardScaler(num_envs=20_000, gamma=0.99, clip=10.0)
+    scaled = scaler(np.zeros(20_000), np.zeros(20_000, dtype=bool))
+    assert scaler.return_rms.var < 1e-8 and not scaled.any() and np.isfinite(scaled).all()
 
 
 def test_saved_then_loaded_agent_acts_the_same(tmp_path):
@@ -187,6 +200,27 @@ def test_networks_start_orthogonal_with_the_gains_of_detail_2():
             assert not layer.bias.any()
     # detail 15: one log-std per action dimension, the same for every state
     assert agent.actor_logstd.shape == (1, 3) and torch.all(agent.actor_logstd == -0.7)
+
+
+def test_vector_env_resets_in_the_step_that_ends_an_episode_and_records_it():
+    check_same_step_autoreset(P.make_vector_env, "TinyBox-v0", [[1.0], [-1.0]])
+
+
+def test_agent_is_two_tanh_layers_and_a_gaussian_of_std_one_worked_out_by_hand():
+    torch.manual_seed(0)
+    agent = P.Agent(5, 3)
+    x = torch.randn(16, 5)
+    value, mean = mlp_by_hand(agent.critic, x)[:, 0], mlp_by_hand(agent.actor_mean, x)
+    # detail 15: the log-std starts at 0, a std of 1, for every action dimension
+    assert agent.actor_logstd.tolist() == [[0.0, 0.0, 0.0]]
+    action = torch.randn(16, 3)
+    _, logprob, entropy, new_value = agent.get_action_and_value(x, action)
+    np.testing.assert_allclose(new_value.detach().numpy(), value, rtol=1e-5, atol=1e-5)
+    expected = (-0.5 * (action.numpy() - mean) ** 2 - 0.5 * np.log(2 * np.pi)).sum(-1)
+    np.testing.assert_allclose(logprob.detach().numpy(), expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(entropy.detach().numpy(), np.full(16, 3 * 0.5 * np.log(2 * np.pi * np.e)),
+                               rtol=1e-6)
+    np.testing.assert_allclose(agent.mean_action(x).detach().numpy(), mean, rtol=1e-5, atol=1e-5)
 
 
 def test_gae_two_steps_hand_computed():

@@ -9,6 +9,7 @@ import math
 import os
 import random
 import statistics
+import warnings
 from pathlib import Path
 
 import pytest
@@ -128,6 +129,9 @@ def test_score_normalization():
     assert statistics.mean(normalized) == pytest.approx(0, abs=1e-6)
     assert statistics.stdev(normalized) == pytest.approx(1)
     assert rm.score_normalization(torch.full((5,), 3.0)) == (1.0, pytest.approx(-3.0))
+    with warnings.catch_warnings():  # one sample has no scale; torch warns if asked for its std: never ask
+        warnings.simplefilter("error")
+        assert rm.score_normalization(torch.tensor([3.0])) == (1.0, pytest.approx(-3.0))
     # two scores 0.5 apart: sample std 0.5 / sqrt(2) (below 1, so the gain is above 1), mean 0.25
     assert rm.score_normalization(torch.tensor([0.0, 0.5])) == (pytest.approx(2 ** 0.5 / 0.5),
                                                                 pytest.approx(-0.25 * 2 ** 0.5 / 0.5))
