@@ -286,6 +286,49 @@ def test_sample_comparisons_pairs_two_responses_to_one_prompt_labeled_by_gold(ti
     torch.manual_seed(0)
     assert rm.sample_comparisons(policy, prompts, tokenizer, stop_token_id, gold_fn, args, CPU) == again
 
+def test_sample_comparisons_edge_cases_placed_by_construction(tiny, monkeypatch):
+    """Called directly with the sampling replaced by fixed responses, four pairs per batch: a kept pair, two
+    identical responses (dropped), a pair where the decoded prompt + response does not start with the decoded
+    prompt (a tokenizer that cleans up spaces before punctuation: the response is then decoded alone, without
+    its padding), and an empty response against a real one (dropped). The prompt is longer than --max-query-length and truncated
+    from the left; exactly the batches needed are sampled; the labels come from the seed, not torch's global
+    random state."""
+    tokenizer, stop_token_id = rm.load_tokenizer(tiny["stops"], ".")
+    tokenizer.clean_up_tokenization_spaces = True  # " ." -> "." in decoded text, as WordPiece tokenizers do
+    tokenizer.clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output = True
+    ids = lambda text: tokenizer.encode(text, add_special_tokens=False)
+    assert ids("This movie was ")[1:] == ids(" movie was ") and len(ids(" movie was ")) == 3
+    pad, dot = tokenizer.pad_token_id, ids(".")
+    assert dot == [stop_token_id]
+    rows = [ids(" good fun") + dot, ids(" I loved it") + dot, dot + ids(" the end"), ids(" the acting") + dot,
+            ids(" bad acting") + dot, ids(" I loved it") + dot, ids(" the actors"), [pad] * 4]
+    width = max(len(r) for r in rows)
+    rows = torch.tensor([r + [pad] * (width - len(r)) for r in rows])  # responses a of the 4 pairs, then b
+    queries_seen = []
+
+    def generate(policy, queries, response_length, temperature, pad_token_id):
+        queries_seen.append(queries.tolist())
+        return rows.clone()
+
+    monkeypatch.setattr(rm, "generate", generate)
+    args = rm.Args(model_name=tiny["stops"], num_comparisons=4, forward_batch_size=4, response_length=width,
+                   min_response_length=0, max_query_length=3, gold_beta=100.0, seed=5)
+    gold_fn = lambda texts, responses: torch.tensor([float(len(r)) for r in responses])
+    runs = []
+    for global_seed in range(4):
+        torch.manual_seed(global_seed)
+        queries_seen.clear()
+        runs.append(rm.sample_comparisons(None, ["This movie was "], tokenizer, stop_token_id, gold_fn, args, CPU))
+        assert queries_seen == [[ids(" movie was ")] * 8] * 2  # two batches of two kept pairs: no third
+    assert runs[1] == runs[0] and runs[2] == runs[0] and runs[3] == runs[0]
+    # the third pair's "." alone: " movie was ." decodes to " movie was.", so the response is decoded alone
+    pairs = [{" good fun.", " bad acting."}, {".", " the actors"}] * 2
+    assert [{c["chosen"], c["rejected"]} for c in runs[0]] == pairs
+    for c in runs[0]:
+        assert c["prompt"] == " movie was " and (c["gold_chosen"], c["gold_rejected"]) == (
+            len(c["chosen"]), len(c["rejected"]))
+    assert len({c["chosen"] for c in runs[0]}) > 2  # coin-flip labels (beta 100): not every pair one way
+
 # ---------------------------------------------------------------------------------------------- runs
 
 
