@@ -284,6 +284,40 @@ def mlp_by_hand(net, x):
     return h
 
 
+def check_categorical_agent_by_hand(module):
+    """A discrete script's Agent against what its networks compute worked out by hand (mlp_by_hand), with
+    a policy far from uniform so that a wrong formula shows: the values, the log-probabilities of given
+    actions, the entropies and the greedy actions. Returns the agent, the observations and the log-softmax
+    by hand, for checks of a script's own extra paths."""
+    torch.manual_seed(0)
+    agent = module.Agent(4, 3)
+    with torch.no_grad():
+        agent.actor[-1].weight.mul_(300.0)
+    x = torch.randn(64, 4)
+    value, logits = mlp_by_hand(agent.critic, x)[:, 0], mlp_by_hand(agent.actor, x)
+    log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    action = torch.arange(64) % 3
+    _, logprob, entropy, new_value = agent.get_action_and_value(x, action)
+    np.testing.assert_allclose(new_value.detach().numpy(), value, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(logprob.detach().numpy(), log_probs[range(64), action], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(entropy.detach().numpy(), -(np.exp(log_probs) * log_probs).sum(-1), rtol=1e-4,
+                               atol=1e-5)
+    assert entropy.min() < 0.5  # states where the policy is far from uniform
+    # evaluation plays each row's most probable action
+    assert agent.greedy_action(x).tolist() == logits.argmax(-1).tolist() and len(set(logits.argmax(-1))) > 1
+    return agent, x, log_probs
+
+
+def check_one_step_gae(compute_gae, array):
+    """A rollout of num_steps 1 (arrays made by `array`: torch.tensor or np.array): nothing flows in from later
+    steps; the truncated env 1 bootstraps from its final observation's value, the terminated env 2 does not."""
+    rewards, values = array([[1.0, 2.0, 3.0]]), array([[0.5, 1.0, 1.5]])
+    next_values, terminations = array([[2.0, 4.0, 100.0]]), array([[0.0, 0.0, 1.0]])
+    advantages, returns = compute_gae(rewards, values, next_values, terminations, array([[0.0, 1.0, 1.0]]), 0.5, 0.9)
+    assert advantages.tolist() == [[1.0 + 1.0 - 0.5, 2.0 + 2.0 - 1.0, 3.0 - 1.5]]
+    assert returns.tolist() == [[2.0, 4.0, 3.0]]
+
+
 def as_numpy(x):
     """A float64 (or bool) numpy copy of a tensor or array; anything else as it is."""
     if isinstance(x, torch.Tensor):

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import ppo_cartpole
-from conftest import check_ppo_update_wiring, check_same_step_autoreset, mlp_by_hand, unusable_checkpoint, value_of, walker_agent_pt
+from conftest import (check_categorical_agent_by_hand, check_one_step_gae, check_ppo_update_wiring,
+                      check_same_step_autoreset, unusable_checkpoint, value_of, walker_agent_pt)
 
 SHARED_TAGS = [
     "charts/episodic_return",
@@ -164,37 +165,16 @@ def test_vector_env_resets_in_the_step_that_ends_an_episode_and_records_it():
 
 
 def test_agent_is_two_tanh_layers_and_a_softmax_policy_worked_out_by_hand():
-    torch.manual_seed(0)
-    agent = ppo_cartpole.Agent(4, 3)
-    with torch.no_grad():  # a policy far from uniform, so that a wrong formula shows
-        agent.actor[-1].weight.mul_(300.0)
-    x = torch.randn(64, 4)
-    value, logits = mlp_by_hand(agent.critic, x)[:, 0], mlp_by_hand(agent.actor, x)
-    log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
-    action = torch.arange(64) % 3
-    _, logprob, entropy, new_value = agent.get_action_and_value(x, action)
-    np.testing.assert_allclose(new_value.detach().numpy(), value, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(logprob.detach().numpy(), log_probs[range(64), action], rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(entropy.detach().numpy(), -(np.exp(log_probs) * log_probs).sum(-1), rtol=1e-4,
-                               atol=1e-5)
-    assert entropy.min() < 0.5  # states where the policy is far from uniform
+    agent, x, log_probs = check_categorical_agent_by_hand(ppo_cartpole)
     # the rollout's pass: its sampled actions, each scored by hand
     sampled, sampled_logprob = agent.get_action(x)
     assert sampled.shape == (64,)
     np.testing.assert_allclose(sampled_logprob.detach().numpy(), log_probs[range(64), sampled], rtol=1e-4,
                                atol=1e-5)
-    # evaluation plays each row's most probable action
-    assert agent.greedy_action(x).tolist() == logits.argmax(-1).tolist() and len(set(logits.argmax(-1))) > 1
 
 
 def test_gae_of_a_one_step_rollout_is_the_td_residual():
-    # num_steps 1: nothing flows in from later steps; truncated env 1 bootstraps, terminated env 2 does not
-    rewards, values = np.array([[1.0, 2.0, 3.0]]), np.array([[0.5, 1.0, 1.5]])
-    next_values, terminations = np.array([[2.0, 4.0, 100.0]]), np.array([[0.0, 0.0, 1.0]])
-    dones = np.array([[0.0, 1.0, 1.0]])
-    advantages, returns = ppo_cartpole.compute_gae(rewards, values, next_values, terminations, dones, 0.5, 0.9)
-    assert advantages.tolist() == [[1.0 + 1.0 - 0.5, 2.0 + 2.0 - 1.0, 3.0 - 1.5]]
-    assert returns.tolist() == [[2.0, 4.0, 3.0]]
+    check_one_step_gae(ppo_cartpole.compute_gae, np.array)
 
 
 def test_value_loss_clipping():

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import reinforce
-from conftest import check_same_step_autoreset, mlp_by_hand, unusable_checkpoint, walker_agent_pt
+from conftest import (check_categorical_agent_by_hand, check_same_step_autoreset, unusable_checkpoint,
+                      walker_agent_pt)
 
 SHARED_TAGS = [
     "charts/episodic_return",
@@ -146,22 +147,7 @@ def test_vector_env_resets_in_the_step_that_ends_an_episode_and_records_it():
 
 
 def test_agent_is_two_tanh_layers_and_a_softmax_policy_worked_out_by_hand():
-    torch.manual_seed(0)
-    agent = reinforce.Agent(4, 3)
-    with torch.no_grad():  # a policy far from uniform, so that a wrong formula shows
-        agent.actor[-1].weight.mul_(300.0)
-    x = torch.randn(64, 4)
-    value, logits = mlp_by_hand(agent.critic, x)[:, 0], mlp_by_hand(agent.actor, x)
-    log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
-    action = torch.arange(64) % 3
-    _, logprob, entropy, new_value = agent.get_action_and_value(x, action)
-    np.testing.assert_allclose(new_value.detach().numpy(), value, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(logprob.detach().numpy(), log_probs[range(64), action], rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(entropy.detach().numpy(), -(np.exp(log_probs) * log_probs).sum(-1), rtol=1e-4,
-                               atol=1e-5)
-    assert entropy.min() < 0.5  # states where the policy is far from uniform
-    # evaluation plays each row's most probable action
-    assert agent.greedy_action(x).tolist() == logits.argmax(-1).tolist() and len(set(logits.argmax(-1))) > 1
+    check_categorical_agent_by_hand(reinforce)
 
 
 # ---------------------------------------------------------------------------- runs
