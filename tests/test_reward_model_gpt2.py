@@ -329,6 +329,32 @@ def test_sample_comparisons_edge_cases_placed_by_construction(tiny, monkeypatch)
             len(c["chosen"]), len(c["rejected"]))
     assert len({c["chosen"] for c in runs[0]}) > 2  # coin-flip labels (beta 100): not every pair one way
 
+def test_responses_keep_their_leading_space_with_a_sentencepiece_style_tokenizer(tmp_path, monkeypatch):
+    """With a SentencePiece-style tokenizer ("▁" marks a space, dropped at the start of a decoded text) a
+    response decoded alone loses its leading space; the comparisons' responses are cut from the decoded
+    prompt + response instead, so that prompt + response is the text the gold scorer and the reward model read."""
+    vocab = {"[UNK]": 0, EOS: 1, "▁This": 2, "▁movie": 3, "▁was": 4, "▁good": 5, "▁fun": 6, ".": 7, "▁bad": 8}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Metaspace(prepend_scheme="first"),
+                                                       pre_tokenizers.Punctuation()])
+    tokenizer.decoder = decoders.Metaspace(prepend_scheme="first")
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=EOS, unk_token="[UNK]").save_pretrained(tmp_path)
+    tokenizer, stop_token_id = rm.load_tokenizer(str(tmp_path), ".")
+    assert stop_token_id == 7 and tokenizer.decode([5, 6, 7]) == "good fun."  # alone: no leading space
+    monkeypatch.setattr(rm, "generate", lambda *a, **kw: torch.tensor([[5, 6, 7], [8, 6, 7]]))
+    texts_seen = []
+
+    def gold_fn(texts, responses):
+        texts_seen.extend(texts)
+        return torch.tensor([float(r.startswith(" good")) for r in responses])
+
+    args = rm.Args(num_comparisons=1, forward_batch_size=1, response_length=3, min_response_length=0,
+                   gold_beta=1e-6)
+    [c] = rm.sample_comparisons(None, ["This movie was"], tokenizer, stop_token_id, gold_fn, args, CPU)
+    assert c == dict(prompt="This movie was", chosen=" good fun.", rejected=" bad fun.", gold_chosen=1.0,
+                     gold_rejected=0.0)
+    assert texts_seen == ["This movie was good fun.", "This movie was bad fun."]
+
 # ---------------------------------------------------------------------------------------------- runs
 
 
