@@ -14,7 +14,8 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import ppo_walker2d as P
-from conftest import cartpole_agent_pt, check_ppo_update_wiring, check_same_step_autoreset, mlp_by_hand, unusable_checkpoint, value_of
+from conftest import (cartpole_agent_pt, check_ppo_update_wiring, check_same_step_autoreset, mlp_by_hand,
+                      unusable_checkpoint, value_of)
 
 torch.set_num_threads(1)
 

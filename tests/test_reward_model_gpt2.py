@@ -290,9 +290,9 @@ def test_sample_comparisons_edge_cases_placed_by_construction(tiny, monkeypatch)
     """Called directly with the sampling replaced by fixed responses, four pairs per batch: a kept pair, two
     identical responses (dropped), a pair where the decoded prompt + response does not start with the decoded
     prompt (a tokenizer that cleans up spaces before punctuation: the response is then decoded alone, without
-    its padding), and an empty response against a real one (dropped). The prompt is longer than --max-query-length and truncated
-    from the left; exactly the batches needed are sampled; the labels come from the seed, not torch's global
-    random state."""
+    its padding), and an empty response against a real one (dropped). The prompt is longer than
+    --max-query-length and truncated from the left; exactly the batches needed are sampled; the labels come
+    from the seed, not torch's global random state."""
     tokenizer, stop_token_id = rm.load_tokenizer(tiny["stops"], ".")
     tokenizer.clean_up_tokenization_spaces = True  # " ." -> "." in decoded text, as WordPiece tokenizers do
     tokenizer.clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output = True
@@ -329,16 +329,19 @@ def test_sample_comparisons_edge_cases_placed_by_construction(tiny, monkeypatch)
             len(c["chosen"]), len(c["rejected"]))
     assert len({c["chosen"] for c in runs[0]}) > 2  # coin-flip labels (beta 100): not every pair one way
 
+
 def test_responses_keep_their_leading_space_with_a_sentencepiece_style_tokenizer(tmp_path, monkeypatch):
     """With a SentencePiece-style tokenizer ("▁" marks a space, dropped at the start of a decoded text) a
     response decoded alone loses its leading space; the comparisons' responses are cut from the decoded
-    prompt + response instead, so that prompt + response is the text the gold scorer and the reward model read."""
+    prompt + response instead, so that prompt + response is the text the gold scorer and the reward model
+    read."""
     vocab = {"[UNK]": 0, EOS: 1, "▁This": 2, "▁movie": 3, "▁was": 4, "▁good": 5, "▁fun": 6, ".": 7, "▁bad": 8}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Metaspace(prepend_scheme="first"),
                                                        pre_tokenizers.Punctuation()])
     tokenizer.decoder = decoders.Metaspace(prepend_scheme="first")
-    PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=EOS, unk_token="[UNK]").save_pretrained(tmp_path)
+    hf_tokenizer = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=EOS, unk_token="[UNK]")
+    hf_tokenizer.save_pretrained(tmp_path)
     tokenizer, stop_token_id = rm.load_tokenizer(str(tmp_path), ".")
     assert stop_token_id == 7 and tokenizer.decode([5, 6, 7]) == "good fun."  # alone: no leading space
     monkeypatch.setattr(rm, "generate", lambda *a, **kw: torch.tensor([[5, 6, 7], [8, 6, 7]]))
