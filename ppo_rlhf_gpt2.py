@@ -636,7 +636,8 @@ def main(args: Args) -> dict:
             eval_stats["normalized_score_change"] = (final - initial) * score_gain
             print(f"held-out prompts: raw score {initial:.3f} -> {final:.3f} "
                   f"({eval_stats['normalized_score_change']:+.3f} in normalized units)")
-            for mode in ["", "_greedy"] if "accuracy" in eval_stats["final"] else []:
+            modes = ["", "_greedy"] if args.eval_greedy else [""]
+            for mode in modes if "accuracy" in eval_stats["final"] else []:
                 before, after = eval_stats["initial" + mode], eval_stats["final" + mode]
                 print(f"held-out accuracy{mode.replace('_', ', ')}: {before['accuracy']:.1%} +- "
                       f"{before['accuracy_stderr']:.1%} -> {after['accuracy']:.1%} +- "

@@ -655,6 +655,18 @@ def test_arithmetic_task_end_to_end(tiny, tmp_path, capsys):
     assert "held-out accuracy: " in printed and "held-out accuracy, greedy: " in printed
 
 
+def test_arithmetic_task_without_greedy_evaluation_ends_with_the_sampled_accuracy(tiny, tmp_path, capsys):
+    """The README's RLVR command has no --eval-greedy: the final summary prints the sampled accuracy only
+    (it once looked up the greedy evaluation that was never made, and crashed after training)."""
+    stats = rlhf.main(tiny_args(tiny, tmp_path, reward_model="arithmetic", total_episodes=8, eval_episodes=10,
+                                response_length=4))
+    assert set(stats["eval"]) == {"initial", "final", "normalized_score_change"}
+    printed = capsys.readouterr().out
+    final = stats["eval"]["final"]["accuracy"]
+    assert f"-> {final:.1%}" in printed.split("held-out accuracy: ")[1].splitlines()[0]
+    assert "greedy" not in printed
+
+
 # ---------------------------------------------------------------------------------------------- learning
 
 
