@@ -164,16 +164,6 @@ def query_batches(prompts: list[str], tokenizer, args: Args, device: torch.devic
         yield tokenize_queries(tokenizer, batch, args.max_query_length, device)
 
 
-def arithmetic_problems(digits: int, held_out: bool) -> list[str]:
-    """The prompts of --reward-model arithmetic: every sum of two numbers of `digits` digits, split once by a
-    fixed seed (whatever --seed) into training and held-out problems; a + b and b + a on the same side."""
-    numbers = range(0 if digits == 1 else 10 ** (digits - 1), 10**digits)
-    pairs = [(a, b) for a in numbers for b in numbers if a <= b]
-    random.Random(0).shuffle(pairs)
-    pairs = pairs[: len(pairs) // 4] if held_out else pairs[len(pairs) // 4 :]
-    return [f"What is {a} + {b}? The answer is" for x, y in pairs for a, b in dict.fromkeys([(x, y), (y, x)])]
-
-
 def verify_sum(text: str, response: str) -> float:
     """The verifier: +1 if the first number in the response is the sum asked for in the text, else -1."""
     a, b = re.search(r"What is (\d+) \+ (\d+)\?", text).groups()
@@ -578,10 +568,11 @@ def main(args: Args) -> dict:
             var_y = y_true.var().item()
             explained_var = np.nan if var_y == 0 else 1 - (y_true - y_pred).var().item() / var_y  # detail 12
             distinct_responses, distinct_2 = diversity(responses, response_mask)
+            lengths, right = response_mask.sum(1).float(), raw_scores > 0  # right: the verifier's +1
             stats = {
                 "charts/learning_rate": optimizer.param_groups[0]["lr"],
                 "charts/SPS": iteration * args.batch_size * args.response_length / (time.time() - start_time),
-                "charts/episodic_length": response_mask.sum(1).float().mean().item(),
+                "charts/episodic_length": lengths.mean().item(),
                 **{f"losses/{k}": v for k, v in update_stats.items() if k != "ratio"},
                 "losses/explained_variance": explained_var,
                 "objective/scores": penalized_scores.mean().item(),
@@ -601,6 +592,9 @@ def main(args: Args) -> dict:
                 "time/rollout": rollout_time,
                 "time/update": update_time,
             }
+            if args.reward_model == "arithmetic":  # lengths of the right and the wrong responses (nan: none)
+                stats["val/length_right"] = lengths[right].mean().item()
+                stats["val/length_wrong"] = lengths[~right].mean().item()
             stats = mean_over_processes(stats, device)  # torchrun: each statistic's mean over the processes
             for tag, value in stats.items():
                 writer.add_scalar(tag, value, iteration)
@@ -641,7 +635,7 @@ def main(args: Args) -> dict:
                 before, after = eval_stats["initial" + mode], eval_stats["final" + mode]
                 print(f"held-out accuracy{mode.replace('_', ', ')}: {before['accuracy']:.1%} +- "
                       f"{before['accuracy_stderr']:.1%} -> {after['accuracy']:.1%} +- "
-                      f"{after['accuracy_stderr']:.1%}")
+                      f"{after['accuracy_stderr']:.1%} (standard error over {after['problems']} problems)")
     except KeyboardInterrupt:  # saving or evaluating GPT-2 takes seconds
         print("interrupted while saving or evaluating: keeping the logs; the model folder may be incomplete")
     finally:
@@ -653,7 +647,8 @@ def main(args: Args) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------------------
-# Evaluation: the mean reward-model score of a policy's responses to held-out prompts.
+# Plumbing, skippable on a first reading: the held-out evaluation, --eval-checkpoint, argument checks, loading
+# and saving, the task's prompts.
 
 
 @torch.inference_mode()
@@ -682,12 +677,15 @@ def evaluate(policy, eval_prompts, tokenizer, stop_token_id: int, reward_fn, arg
     result = {"stop_share": contain_stop.mean().item(), "raw_scores": raw_scores.tolist(), "samples": samples}
     result["raw_score_mean"], result["raw_score_stderr"] = mean_and_stderr(raw_scores)
     if args.reward_model == "arithmetic":
-        result["accuracy"], result["accuracy_stderr"] = mean_and_stderr((raw_scores > 0).float())
+        # accuracy counted over problems: each problem's share of right answers (0 or 1 when it is asked
+        # once), then the mean and its standard error over the distinct problems, the unit that varies
+        right = {}
+        for (prompt, _), score in zip(samples, raw_scores.tolist()):
+            right.setdefault(prompt, []).append(float(score > 0))
+        per_problem = torch.tensor([sum(r) / len(r) for r in right.values()])
+        result["accuracy"], result["accuracy_stderr"] = mean_and_stderr(per_problem)
+        result["problems"] = len(right)
     return result
-
-
-# ------------------------------------------------------------------------------------------------------------
-# Plumbing, skippable on a first reading: --eval-checkpoint, argument checks, loading and saving.
 
 
 def evaluate_checkpoint(args: Args, device: torch.device) -> dict:
@@ -954,6 +952,16 @@ def save_policy(policy: nn.Module, model_name: str, path: str) -> None:
     policy.generation_config.pad_token_id = tokenizer.pad_token_id
     policy.save_pretrained(path)
     tokenizer.save_pretrained(path)
+
+
+def arithmetic_problems(digits: int, held_out: bool) -> list[str]:
+    """The prompts of --reward-model arithmetic: every sum of two numbers of `digits` digits, split once by a
+    fixed seed (whatever --seed) into training and held-out problems; a + b and b + a on the same side."""
+    numbers = range(0 if digits == 1 else 10 ** (digits - 1), 10**digits)
+    pairs = [(a, b) for a in numbers for b in numbers if a <= b]
+    random.Random(0).shuffle(pairs)
+    pairs = pairs[: len(pairs) // 4] if held_out else pairs[len(pairs) // 4 :]
+    return [f"What is {a} + {b}? The answer is" for x, y in pairs for a, b in dict.fromkeys([(x, y), (y, x)])]
 
 
 def load_prompts(args: Args) -> tuple[list[str], list[str]]:

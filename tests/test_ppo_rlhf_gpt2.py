@@ -642,7 +642,15 @@ def test_arithmetic_task_end_to_end(tiny, tmp_path, capsys):
         for (query, response), score in zip(result["samples"], result["raw_scores"]):
             a, b = int(query.split()[2]), int(query.split()[4][:-1])
             assert score == (1.0 if first_number(response) == a + b else -1.0)
-        assert result["accuracy"] == pytest.approx(sum(s > 0 for s in result["raw_scores"]) / 30)
+        # counted over problems: the 30 responses answer 24 problems, 6 of them twice (each of those counts
+        # once, with its share of right answers), the standard error is over the 24
+        per_problem = {}
+        for (query, _), score in zip(result["samples"], result["raw_scores"]):
+            per_problem.setdefault(query, []).append(score > 0)
+        shares = [statistics.mean(r) for r in per_problem.values()]
+        assert len(shares) == result["problems"] == 24
+        assert result["accuracy"] == pytest.approx(statistics.mean(shares))
+        assert result["accuracy_stderr"] == pytest.approx(statistics.stdev(shares) / 24 ** 0.5)
     greedy = evaluations["final_greedy"]
     answers = {}
     for query, response in greedy["samples"]:  # prompts 0-5 come twice: greedy gives the same answer
@@ -876,6 +884,27 @@ def test_main_passes_each_quantity_where_it_belongs(tiny, tmp_path, monkeypatch,
     assert scalars["losses/explained_variance"][1] == pytest.approx(expected, rel=1e-4, abs=1e-6)
     # the gradient clipped is that of everything the optimizer trains (policy and value model alike)
     assert calls["clip"] and all(clipped == calls["adam"][0] for clipped in calls["clip"])
+
+
+def test_lengths_of_right_and_wrong_responses_are_logged_apart(tiny, tmp_path, monkeypatch,
+                                                               stops_at_lengths_1_to_8):
+    """RLVR logs the mean length (real tokens) of the right responses and of the wrong ones: here responses of
+    1 to 8 tokens, right when their text has an even number of characters (a stand-in verifier)."""
+    monkeypatch.setattr(rlhf, "load_reward_fn", lambda args, device: lambda texts, responses: torch.tensor(
+        [1.0 if len(r) % 2 == 0 else -1.0 for r in responses]))
+    rollouts = []
+    real_sample = rlhf.sample_and_score
+    monkeypatch.setattr(rlhf, "sample_and_score", lambda *a, **kw: rollouts.append(real_sample(*a, **kw)) or
+                        rollouts[-1])
+    stats = rlhf.main(tiny_args(tiny, tmp_path, reward_model="arithmetic", total_episodes=16, stop_token="."))
+    scalars = read_scalars(stats["run_dir"])
+    for i, (_, _, mask, _, raw) in enumerate(rollouts[1:]):  # the first batch sets the score normalization
+        lengths = mask.sum(1).tolist()
+        right = [n for n, score in zip(lengths, raw.tolist()) if score > 0]
+        wrong = [n for n, score in zip(lengths, raw.tolist()) if score < 0]
+        assert right and wrong and statistics.mean(right) != statistics.mean(wrong)
+        assert scalars["val/length_right"][i] == pytest.approx(statistics.mean(right))
+        assert scalars["val/length_wrong"][i] == pytest.approx(statistics.mean(wrong))
 
 
 def test_one_loss_one_optimizer_trains_both_models(tiny, tmp_path, monkeypatch):
