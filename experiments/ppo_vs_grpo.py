@@ -1,0 +1,275 @@
+"""PPO against GRPO at an equal budget of sampled completions, on two-digit sums (issue 39).
+
+The task is `--reward-model arithmetic --arithmetic-digits 2`: "What is 27 + 30? The answer is", +1 if the
+first number of the response is the sum, else -1, on SmolLM2-135M-Instruct. Every method gets the same model,
+temperature (0.7), response length (8 tokens), stop token (".") and number of sampled completions
+(--total-episodes), and is evaluated the same way: held-out accuracy on 256 distinct held-out problems, one
+sampled response each, every 2 iterations of 64 completions. The methods (METHODS below, the exact flags):
+    ppo:     ppo_rlhf_gpt2.py with the flags of docs/results/rlhf_arithmetic.md (its defaults otherwise)
+    grpo:    grpo_gpt2.py with its defaults: the original GRPO (per-response mean, std scaling, k3 at 0.04)
+    dr_grpo: grpo_gpt2.py --loss-type dr_grpo --scale-rewards none --beta 0 (no reference model)
+
+Each run is the script itself in a subprocess (one torch thread), so that its peak resident memory is its own
+(os.wait4); runs go side by side, --jobs at a time, so that their wall-clock times compare. Subcommands:
+    python experiments/ppo_vs_grpo.py run --methods ppo grpo dr_grpo --seeds 1 2 3 --jobs 2
+    python experiments/ppo_vs_grpo.py report
+`run` appends one record a run (method, seed, command, run folder, peak memory, wall-clock) to
+<runs>/records.jsonl and skips the (method, seed) pairs recorded there already; `report` reads the records and
+each run's TensorBoard log and writes docs/results/ppo_vs_grpo.{md,png,json} (--out sets the prefix). A
+hand-written reading below a line `<!-- reading -->` in the .md is kept.
+"""
+
+import argparse
+import json
+import os
+import resource
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMON = ("--model-name models/smollm2-135m --reward-model arithmetic --arithmetic-digits 2 --response-length 8 "
+          "--min-response-length 0 --batch-size 64 --total-episodes 512 --eval-episodes 256 --eval-every 2 "
+          "--no-cuda")
+METHODS = {
+    "ppo": "ppo_rlhf_gpt2.py",
+    "grpo": "grpo_gpt2.py",
+    "dr_grpo": "grpo_gpt2.py --loss-type dr_grpo --scale-rewards none --beta 0",
+}
+LABELS = {"ppo": "PPO", "grpo": "GRPO", "dr_grpo": "Dr. GRPO"}
+T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+
+
+def command_of(method: str, seed: int, runs: str, common: str = COMMON) -> list[str]:
+    """The exact command line of one run (a list for subprocess)."""
+    script, *flags = shlex.split(METHODS[method])
+    return ["python", script, *shlex.split(common), *flags, "--seed", str(seed), "--runs-dir", runs,
+            "--exp-name", method]
+
+
+def recorded(records_file: Path) -> list[dict]:
+    if not records_file.exists():
+        return []
+    return [json.loads(line) for line in records_file.read_text().splitlines() if line.strip()]
+
+
+def run_all(methods: list[str], seeds: list[int], runs: Path, jobs: int, common: str) -> None:
+    """Runs every (method, seed) not yet in <runs>/records.jsonl, `jobs` at a time, in the order seed by seed
+    (so that each method's runs meet the others' side by side); one record per finished run."""
+    records_file = runs / "records.jsonl"
+    done = {(r["method"], r["seed"]) for r in recorded(records_file)}
+    queue = [(m, s) for s in seeds for m in methods if (m, s) not in done]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                            text=True).stdout.strip()
+    running = {}
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    while queue or running:
+        while queue and len(running) < jobs:
+            method, seed = queue.pop(0)
+            command = command_of(method, seed, str(runs), common)
+            command[0] = sys.executable
+            log = open(runs / f"{method}__{seed}.log", "w")
+            process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
+            running[process.pid] = (method, seed, command, time.time(), log)
+            print(f"started {method} seed {seed}: {shlex.join(command[1:])}", flush=True)
+        pid, status, usage = os.wait4(-1, 0)
+        if pid not in running:
+            continue
+        method, seed, command, start, log = running.pop(pid)
+        log.close()
+        wall = time.time() - start
+        if os.waitstatus_to_exitcode(status) != 0:
+            print(f"{method} seed {seed} failed (exit {os.waitstatus_to_exitcode(status)}): see "
+                  f"{runs}/{method}__{seed}.log", flush=True)
+            continue
+        run_dir = sorted((runs).glob(f"{method}__{seed}__*"))[-1]
+        record = {"method": method, "seed": seed, "command": "python " + shlex.join(command[1:]),
+                  "run_dir": str(run_dir), "peak_rss_gb": usage.ru_maxrss * 1024 / 1e9, "wall_s": wall,
+                  "commit": commit, "date": time.strftime("%Y-%m-%d")}
+        with open(records_file, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        print(f"finished {method} seed {seed} in {wall / 60:.1f} min, peak {record['peak_rss_gb']:.2f} GB",
+              flush=True)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The report: what the figure and the tables show, computed from each run's log (tested on small inputs).
+
+
+def read_scalars(run_dir: str) -> dict:
+    events = EventAccumulator(run_dir, size_guidance={"scalars": 0})
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def run_curves(scalars: dict, batch_size: int) -> dict:
+    """One run's held-out accuracy against completions and against training seconds: the evaluation at
+    iteration i (0: the initial policy) comes after i * batch_size completions and after the rollout and
+    update seconds of iterations 1..i (loading and the evaluations themselves are not counted)."""
+    seconds = {step: value for step, value in scalars["time/rollout"]}
+    for step, value in scalars["time/update"]:
+        seconds[step] += value
+    elapsed = np.cumsum([0.0] + [seconds[step] for step in sorted(seconds)])
+    steps = [step for step, _ in scalars["eval/accuracy"]]
+    return {"completions": [step * batch_size for step in steps],
+            "seconds": [float(elapsed[step]) for step in steps],
+            "accuracy": [value for _, value in scalars["eval/accuracy"]]}
+
+
+def mean_interval(values) -> tuple[float, float, float]:
+    """Mean over the seeds and the half-width of its 95% t-interval (0 for one seed)."""
+    values = np.asarray(values, dtype=float)
+    if len(values) < 2:
+        return float(values.mean()), 0.0, float(values.std())
+    std = float(values.std(ddof=1))
+    return float(values.mean()), T_975[len(values) - 1] * std / len(values) ** 0.5, std
+
+
+def difference_interval(a, b) -> tuple[float, float]:
+    """mean(a) - mean(b) and the half-width of its 95% Welch interval (seeds of two methods)."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+    if va + vb == 0:
+        return float(a.mean() - b.mean()), 0.0
+    dof = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    t = np.interp(dof, list(T_975), list(T_975.values()))  # between the table's degrees of freedom
+    return float(a.mean() - b.mean()), float(t * (va + vb) ** 0.5)
+
+
+def last_mean(scalars: dict, tag: str, last: int) -> float:
+    """The mean of a tag over the last `last` iterations, nan values (no right answer in a batch) left out."""
+    values = np.array([value for _, value in scalars.get(tag, [])][-last:], dtype=float)
+    return float(np.nanmean(values)) if len(values) and not np.isnan(values).all() else float("nan")
+
+
+def summarize(records: list[dict], scalars_of) -> dict:
+    """Per method: the runs' curves and end-of-run measures, seed by seed."""
+    methods = {}
+    for record in sorted(records, key=lambda r: (list(METHODS).index(r["method"]), r["seed"])):
+        scalars = scalars_of(record["run_dir"])
+        curves = run_curves(scalars, 64)
+        methods.setdefault(record["method"], []).append({
+            "seed": record["seed"], "command": record["command"], **curves,
+            "peak_rss_gb": record["peak_rss_gb"], "wall_s": record["wall_s"],
+            "train_s": curves["seconds"][-1],
+            "length_right": last_mean(scalars, "val/length_right", 2),
+            "length_wrong": last_mean(scalars, "val/length_wrong", 2),
+            "zero_advantage_groups": last_mean(scalars, "val/zero_advantage_groups", 10**6),
+            "kl": last_mean(scalars, "objective/kl", 1),
+        })
+    return methods
+
+
+def fmt(x, spec=".1%") -> str:
+    return "n/a" if x is None or (isinstance(x, float) and np.isnan(x)) else format(x, spec)
+
+
+def write_report(methods: dict, out: Path) -> str:
+    runs = [run for seeds in methods.values() for run in seeds]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for i, (method, seeds) in enumerate(methods.items()):
+        for ax, x in zip(axes, ("completions", "seconds")):
+            for run in seeds:
+                ax.plot(np.array(run[x]) / (60 if x == "seconds" else 1), run["accuracy"], color=f"C{i}",
+                        alpha=0.35, marker="o", markersize=3)
+            mean_x = np.mean([run[x] for run in seeds], axis=0) / (60 if x == "seconds" else 1)
+            ax.plot(mean_x, np.mean([run["accuracy"] for run in seeds], axis=0), color=f"C{i}", lw=2,
+                    label=f"{LABELS[method]} (mean of {len(seeds)} seeds)")
+    axes[0].set_xlabel("sampled completions")
+    axes[1].set_xlabel("training minutes (rollout + update, one CPU core)")
+    for ax in axes:
+        ax.set_ylabel("held-out accuracy (256 problems)")
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(f"{out}.png", dpi=110)
+
+    ppo = methods.get("ppo", [])
+    ppo_train = np.mean([r["train_s"] for r in ppo]) if ppo else float("nan")
+    ppo_wall = np.mean([r["wall_s"] for r in ppo]) if ppo else float("nan")
+    ppo_rss = np.mean([r["peak_rss_gb"] for r in ppo]) if ppo else float("nan")
+    lines = ["# PPO against GRPO at an equal budget: two-digit sums, SmolLM2-135M-Instruct (Q4_1 GGUF)", "",
+             f"Written by `python experiments/ppo_vs_grpo.py report` from {len(runs)} runs of `python "
+             f"experiments/ppo_vs_grpo.py run` (dates: {', '.join(sorted({r['date'] for r in records_of(runs)}))}).",
+             "", f"![held-out accuracy against completions and training time]({out.name}.png)", "",
+             "## Held-out accuracy (256 distinct problems, one sampled response each)", "",
+             "| method | seed | " + " | ".join(f"{c} completions" for c in next(iter(methods.values()))[0][
+                 "completions"]) + " |", "|---|---|" + "---|" * len(next(iter(methods.values()))[0]["completions"])]
+    for method, seeds in methods.items():
+        for run in seeds:
+            lines.append(f"| {LABELS[method]} | {run['seed']} | " + " | ".join(fmt(a) for a in run["accuracy"])
+                         + " |")
+        columns = np.array([run["accuracy"] for run in seeds])
+        cells = [mean_interval(column) for column in columns.T]
+        lines.append(f"| {LABELS[method]} | mean ± 95% | " + " | ".join(
+            f"{m:.1%} ± {h:.1%}" for m, h, _ in cells) + " |")
+    lines += ["", "## Cost, lengths and groups (mean over seeds; per seed in the json)", "",
+              "| method | training minutes | vs PPO | wall minutes (with loading and evaluations) | vs PPO | "
+              "peak memory GB | vs PPO | right / wrong answer length (tokens, last 2 iterations) | "
+              "zero-advantage groups | KL at the end (nats) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for method, seeds in methods.items():
+        train, wall = np.mean([r["train_s"] for r in seeds]), np.mean([r["wall_s"] for r in seeds])
+        rss = np.mean([r["peak_rss_gb"] for r in seeds])
+        lines.append(
+            f"| {LABELS[method]} | {train / 60:.1f} | {fmt(train / ppo_train, '.0%')} | {wall / 60:.1f} | "
+            f"{fmt(wall / ppo_wall, '.0%')} | {rss:.2f} | {fmt(rss / ppo_rss, '.0%')} | "
+            f"{np.nanmean([r['length_right'] for r in seeds]):.2f} / "
+            f"{np.nanmean([r['length_wrong'] for r in seeds]):.2f} | "
+            f"{fmt(np.mean([r['zero_advantage_groups'] for r in seeds]), '.0%')} | "
+            f"{fmt(np.mean([r['kl'] for r in seeds]), '.2f')} |")
+    if ppo:
+        lines += ["", "## Final accuracy against PPO's (difference of means over seeds, 95% Welch interval)", ""]
+        for method, seeds in methods.items():
+            if method != "ppo":
+                d, h = difference_interval([r["accuracy"][-1] for r in seeds], [r["accuracy"][-1] for r in ppo])
+                lines.append(f"- {LABELS[method]} - PPO: {d:+.1%} ± {h:.1%}")
+    lines += ["", "## Commands", ""] + [f"- `{run['command']}`" for run in runs]
+    text = "\n".join(lines) + "\n"
+    md = Path(f"{out}.md")
+    if md.exists() and "<!-- reading -->" in md.read_text():
+        text += "\n<!-- reading -->" + md.read_text().split("<!-- reading -->", 1)[1]
+    md.write_text(text)
+    Path(f"{out}.json").write_text(json.dumps(methods, indent=1))
+    return text
+
+
+def records_of(runs: list[dict]) -> list[dict]:
+    return [{"date": run.get("date", "")} for run in runs]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="subcommand", required=True)
+    run = sub.add_parser("run", help="run the methods over the seeds, side by side")
+    run.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    run.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
+    run.add_argument("--jobs", type=int, default=2, help="runs at a time (at most one per idle core)")
+    run.add_argument("--runs", default="experiments/runs/ppo_vs_grpo", help="runs folder and records.jsonl")
+    run.add_argument("--common", default=COMMON, help="the flags every method gets")
+    report = sub.add_parser("report", help="write the results page from the records")
+    report.add_argument("--runs", default="experiments/runs/ppo_vs_grpo")
+    report.add_argument("--out", default="docs/results/ppo_vs_grpo")
+    args = parser.parse_args()
+    runs = (ROOT / args.runs).resolve()
+    if args.subcommand == "run":
+        runs.mkdir(parents=True, exist_ok=True)
+        run_all(args.methods, args.seeds, runs, args.jobs, args.common)
+    else:
+        records = recorded(runs / "records.jsonl")
+        if not records:
+            raise SystemExit(f"error: no records in {runs / 'records.jsonl'}: run the `run` subcommand first")
+        print(write_report(summarize(records, read_scalars), ROOT / args.out))
+
+
+if __name__ == "__main__":
+    main()
