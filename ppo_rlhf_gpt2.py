@@ -400,14 +400,6 @@ def adaptive_kl_coef(kl_coef: float, kl: float, kl_target: float, kl_horizon: in
     return float(np.clip(kl_coef * factor, initial_kl_coef / 100, initial_kl_coef * 100))
 
 
-def diversity(responses: torch.Tensor, response_mask: torch.Tensor) -> tuple[float, float]:
-    """Share of distinct responses in the batch, and distinct-2 (distinct token bigrams / all bigrams):
-    both fall toward 0 when the policy collapses onto a few strings."""
-    rows = [tuple(r[m].tolist()) for r, m in zip(responses, response_mask)]
-    bigrams = [pair for row in rows for pair in zip(row, row[1:])]
-    return len(set(rows)) / len(rows), len(set(bigrams)) / max(len(bigrams), 1)
-
-
 # ------------------------------------------------------------------------------------------------------------
 # Training
 
@@ -976,6 +968,14 @@ def load_prompts(args: Args) -> tuple[list[str], list[str]]:
     if not prompts:
         raise SystemExit(f"error: --prompts-file {args.prompts_file} contains no prompts")
     return prompts, list(EVAL_PROMPTS)
+
+
+def diversity(responses: torch.Tensor, response_mask: torch.Tensor) -> tuple[float, float]:
+    """Share of distinct responses in the batch, and distinct-2 (distinct token bigrams / all bigrams):
+    both fall toward 0 when the policy collapses onto a few strings."""
+    rows = [tuple(r[m].tolist()) for r, m in zip(responses, response_mask)]
+    bigrams = [pair for row in rows for pair in zip(row, row[1:])]
+    return len(set(rows)) / len(rows), len(set(bigrams)) / max(len(bigrams), 1)
 
 
 def markdown_table(rows: list[tuple], header: tuple) -> str:

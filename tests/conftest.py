@@ -491,3 +491,59 @@ def check_ppo_update_wiring(watch, args, norm_adv, logprob_atol):
         after = updates[iteration + 1][0]["agent"] if iteration + 1 < len(updates) else watch.agent
         losses = [np.mean((value_of(critic, obs) - returns.ravel()) ** 2) for critic in (gae["agent"], after)]
         assert losses[1] < losses[0]
+
+
+EOS = "<|endoftext|>"
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory):
+    """For the RLHF files' tests: a tiny GPT-2 policy (with dropout in its config, sdpa attention, no pad token,
+    like GPT-2), and a tiny sequence-classification reward model, saved to a temporary directory."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import (GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel, LlamaConfig,
+                              LlamaForCausalLM, PreTrainedTokenizerFast)
+
+    import ppo_rlhf_gpt2 as rlhf
+
+    root = tmp_path_factory.mktemp("tiny_models")
+    texts = rlhf.PROMPTS + ["It was great. I loved it. The best film of the year.",
+                            "Terrible acting, an awful plot. A bad movie.", "Some scenes work. Others do not."]
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.train_from_iterator(texts, trainers.BpeTrainer(
+        vocab_size=400, special_tokens=[EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False))
+    hf_tokenizer = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=EOS, eos_token=EOS, unk_token=EOS)
+    assert hf_tokenizer.pad_token is None
+    eos_id = hf_tokenizer.eos_token_id
+
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=len(hf_tokenizer), n_positions=128, n_embd=32, n_layer=2, n_head=2,
+                        bos_token_id=eos_id, eos_token_id=eos_id)
+    assert config.resid_pdrop > 0 and config.attn_pdrop > 0  # dropout must be switched off by the script
+    GPT2LMHeadModel(config).save_pretrained(root / "policy")
+    hf_tokenizer.save_pretrained(root / "policy")
+    reward_config = GPT2Config(vocab_size=len(hf_tokenizer), n_positions=128, n_embd=32, n_layer=1, n_head=2,
+                               num_labels=2, bos_token_id=eos_id, eos_token_id=eos_id)
+    GPT2ForSequenceClassification(reward_config).save_pretrained(root / "reward")
+    hf_tokenizer.save_pretrained(root / "reward")
+    # a Llama-architecture policy (SmolLM2's) with the same tokenizer
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(hf_tokenizer), hidden_size=32, intermediate_size=64,
+                                 num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                                 max_position_embeddings=128, bos_token_id=eos_id, eos_token_id=eos_id)
+                     ).save_pretrained(root / "llama")
+    hf_tokenizer.save_pretrained(root / "llama")
+    # a model that reads other tokens (a larger vocabulary): not a valid value model for the policy
+    GPT2LMHeadModel(GPT2Config(vocab_size=len(hf_tokenizer) + 10, n_positions=128, n_embd=32, n_layer=1,
+                               n_head=2)).save_pretrained(root / "other_vocab")
+    # a policy whose tokenizer has its own pad token inside the vocabulary
+    padded = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(tokenizer.to_str()), bos_token=EOS,
+                                     eos_token=EOS, unk_token=EOS, pad_token="<pad>")
+    assert padded.pad_token_id < len(padded)
+    GPT2LMHeadModel(GPT2Config(vocab_size=len(padded), n_positions=128, n_embd=32, n_layer=2, n_head=2,
+                               bos_token_id=eos_id, eos_token_id=eos_id)).save_pretrained(root / "padded")
+    padded.save_pretrained(root / "padded")
+    return {"policy": str(root / "policy"), "reward": str(root / "reward"), "llama": str(root / "llama"),
+            "padded": str(root / "padded"), "root": root}

@@ -1,0 +1,844 @@
+"""Group relative policy optimization (GRPO) on a causal language model: PPO-RLHF without the value model.
+
+`ppo_rlhf_gpt2.py` minus the value model and GAE, plus groups: for each prompt the policy samples a group of
+num_generations responses, and a response's advantage, given to each of its tokens, is its score compared with
+its group's (the baseline, and the scale: no reward normalization). The same task, rewards, stop token, EOS
+trick and held-out evaluation as `ppo_rlhf_gpt2.py`, so that the two files' runs compare line for line.
+
+Papers: Shao et al. 2024, "DeepSeekMath" (GRPO; arXiv:2402.03300); Liu et al. 2025, "Understanding
+R1-Zero-Like Training" (Dr. GRPO; arXiv:2503.20783); Yu et al. 2025, "DAPO" (arXiv:2503.14476).
+
+Usage:
+    python grpo_gpt2.py --model-name ./my-gpt2 --reward-model arithmetic --response-length 8 \
+        --min-response-length 0                                          # RLVR, the original GRPO
+    python grpo_gpt2.py ... --loss-type dr_grpo --scale-rewards none --beta 0     # Dr. GRPO: no reference
+    python grpo_gpt2.py ... --loss-type dapo --clip-coef-high 0.28 --beta 0       # DAPO's loss and clip
+
+What the code computes (i: a response of a group of G; t: one of its |o_i| real tokens, stop token included):
+    advantages_i = (scores_i - mean of the group's scores) / (their std + 1e-4)   (--scale-rewards none: no /,
+                   Dr. GRPO: the division weighs groups that are nearly all right or all wrong the most)
+    ratio_it     = exp(newlogprob_it - logprobs_it)                   (logprobs: recorded when sampling)
+    pg_loss_it   = max(-A_i * ratio_it, -A_i * clip(ratio_it, 1 - clip_coef, 1 + clip_coef_high))
+    kl_it        = exp(ref_logprobs_it - newlogprob_it) - (ref_logprobs_it - newlogprob_it) - 1      (k3)
+    loss         = aggregate(pg_loss_it + beta * kl_it), by --loss-type, over N responses, T real tokens:
+      grpo:     1/N sum_i 1/|o_i| sum_t   every response weighs the same, so a token of a long one weighs
+                less: long wrong answers are penalized less per token, short right ones rewarded more
+                (the length bias Dr. GRPO names).
+      dapo:     1/T sum_i sum_t           every token weighs the same; no length bias within a batch, but a
+                batch's step size depends on how many tokens it has.
+      dr_grpo:  1/(N * response_length) sum_i sum_t   a constant: no length bias, and no batch-length effect.
+    With --num-iterations 1 and one minibatch the policy has not moved when its loss is computed: ratio = 1,
+    the clip never acts, and the gradient is the plain policy gradient sum_i A_i grad log pi(o_i), weighted
+    as the aggregation says. The clip matters from a second pass or minibatch on.
+
+Implementation details, numbered as in ppo_rlhf_gpt2.py where they are the same idea (gone: 2, 5, 7, 9, 10,
+13, 31-34: the value model, GAE, whitening, the KL in the reward):
+ 1. A batch of prompts plays the part of the vectorized envs.  3. Adam with eps = 1e-5.  4. The learning rate
+    decays linearly to 0.  8. Clipped surrogate objective.  11. Gradient-norm clipping.  12. Debug variables.
+ 6. Passes over shuffled minibatches; a minibatch may be split into micro-batches whose gradients add up.
+23-30: a pad token distinct from EOS, left padding, position ids from the mask, logits / temperature, pure
+    sampling, dropout off, truncation after the first stop token, the EOS trick (in that order).
+35. Groups: each batch is batch_size / G prompts, each repeated G times in a row.
+36. The group-relative advantage, the same on every token of a response. A group whose scores are all equal
+    gets exactly 0 (no signal; rounding noise in its std cannot be blown up).
+37. The loss aggregation, over the whole minibatch even when it is split into micro-batches: each
+    micro-batch adds its share, computed with the minibatch's N and T.
+38. The KL to the reference in the loss (k3), not in the reward; at --beta 0 no reference model at all.
+39. An upper clip that may differ from the lower one (--clip-coef-high, DAPO's clip-higher).
+40. --num-iterations passes over each batch (GRPO's mu; PPO's --update-epochs).
+"""
+
+import copy
+import importlib.util
+import json
+import os
+import random
+import re
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.nn as nn
+import tyro
+from torch.utils.tensorboard import SummaryWriter
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+
+
+@dataclass
+class Args:
+    """The defaults are the original GRPO (DeepSeekMath): per-response mean, std scaling, k3 at beta 0.04."""
+
+    # experiment
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]  # part of the run directory name
+    seed: int = 1  # seed of python, numpy and torch
+    torch_deterministic: bool = True  # if toggled, `torch.backends.cudnn.deterministic=True`
+    cuda: bool = True  # if toggled and a GPU is available, train on it
+    num_threads: int = 1  # torch CPU threads
+    runs_dir: str = "runs"  # TensorBoard logs and the saved model go to <runs_dir>/<run_name>/
+    save_model: bool = False  # save the policy and its tokenizer (save_pretrained) to <run dir>/model
+    log_samples_every: int = 10  # log a table of (query, response, score) every this many iterations
+    eval_episodes: int = 256  # held-out responses scoring the initial and final policy (0: no evaluation)
+    eval_checkpoint: str | None = None  # a --save-model folder: only score it on the held-out prompts
+    eval_every: int = 0  # also score the held-out prompts every this many iterations (0: before and after)
+    eval_greedy: bool = False  # also score greedy decoding (the most likely token at every step)
+
+    # models and task (as in ppo_rlhf_gpt2.py)
+    model_name: str = "gpt2"  # the policy: a causal LM's hub id or local directory
+    reward_model: str = "lvwerra/distilbert-imdb"  # a classifier id or folder, vader, length or arithmetic
+    arithmetic_digits: int = 1  # --reward-model arithmetic: the number of digits of each operand
+    reward_label: int = 1  # the classifier's logit used as the score (1: POSITIVE in distilbert-imdb; a
+    # one-label reward model, such as reward_model_gpt2.py's, has one logit, which is always used)
+    prompts_file: str | None = None  # one prompt per line (default: the built-in movie-review openings)
+    max_query_length: int = 32  # longer queries lose their first tokens
+    response_length: int = 24  # number of tokens sampled for each response
+    min_response_length: int = 16  # a stop token earlier than this many tokens does not end the response
+    temperature: float = 0.7  # sampling temperature: the policy is softmax(logits / temperature)
+    stop_token: str = "."  # `eos` or a single-token string: responses are truncated after it
+
+    # algorithm
+    total_episodes: int = 10_000  # responses sampled during training
+    batch_size: int = 64  # responses per iteration: batch_size / num_generations prompts
+    num_generations: int = 8  # G, the responses sampled for each prompt (a group)
+    num_iterations: int = 1  # GRPO's mu: passes over each batch (PPO's --update-epochs)
+    num_minibatches: int = 1  # minibatches (optimizer steps) per batch and pass
+    gradient_accumulation_steps: int = 4  # micro-batches per minibatch, their gradients accumulated
+    local_rollout_forward_batch_size: int = 16  # responses per reference and reward pass
+    learning_rate: float = 2e-5  # the learning rate of Adam
+    anneal_lr: bool = True  # anneal the learning rate linearly to 0
+    scale_rewards: Literal["group", "none"] = "group"  # divide by the group's std (none: Dr. GRPO)
+    loss_type: Literal["grpo", "dapo", "dr_grpo"] = "grpo"  # how token losses become one (see above)
+    clip_coef: float = 0.2  # the surrogate clipping coefficient (the lower clip: 1 - clip_coef)
+    clip_coef_high: float | None = None  # detail 39: the upper clip is 1 + this (None: clip_coef; DAPO: 0.28)
+    beta: float = 0.04  # coefficient of the k3 KL in the loss (0: no reference model)
+    max_grad_norm: float = 1.0  # the maximum norm of the global gradient
+    missing_eos_penalty: float | None = -1.0  # the score of a response without the stop token (None: off)
+
+    # computed in check_args
+    prompts_per_batch: int = 0  # computed: batch_size // num_generations
+    minibatch_size: int = 0  # computed: batch_size // num_minibatches
+    micro_batch_size: int = 0  # computed: the micro-batch size
+    num_batches: int = 0  # computed: total_episodes // batch_size, the training iterations
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The task: batches of queries (prompts) in, scored responses out; the rollout and the evaluation use both.
+
+
+def query_batches(prompts: list[str], tokenizer, args: Args, device: torch.device):
+    """details 1, 35: batches of args.batch_size queries: prompts_per_batch prompts, one shuffled pass over
+    the prompts after another, each prompt repeated num_generations times in a row (a group)."""
+    rng, indices = random.Random(args.seed), []
+    while True:
+        while len(indices) < args.prompts_per_batch:
+            order = list(range(len(prompts)))
+            rng.shuffle(order)
+            indices += order
+        chosen, indices = indices[: args.prompts_per_batch], indices[args.prompts_per_batch :]
+        queries = tokenize_queries(tokenizer, [prompts[i] for i in chosen], args.max_query_length, device)
+        yield queries.repeat_interleave(args.num_generations, dim=0)
+
+
+def verify_sum(text: str, response: str) -> float:
+    """The verifier: +1 if the first number in the response is the sum asked for in the text, else -1."""
+    a, b = re.search(r"What is (\d+) \+ (\d+)\?", text).groups()
+    answer = re.search(r"-?\d+(\.\d+)?", response)  # "7.5" is not 7
+    return 1.0 if answer is not None and float(answer.group()) == int(a) + int(b) else -1.0
+
+
+def tokenize_queries(tokenizer, prompts: list[str], max_query_length: int, device) -> torch.Tensor:
+    # detail 24: the tokenizer pads (and truncates) on the left
+    return tokenizer(prompts, padding=True, truncation=True, max_length=max_query_length,
+                     return_tensors="pt")["input_ids"].to(device)
+
+
+def sample_and_score(policy, queries, tokenizer, stop_token_id: int, reward_fn, args: Args, greedy=False):
+    """Returns responses (truncated after the stop token), logprobs, response_mask (True on the real tokens,
+    the stop token included), contain_stop and the raw scores of the reward function, which reads text."""
+    pad_token_id = tokenizer.pad_token_id
+    responses, logprobs = generate(policy, queries, args.response_length, args.temperature, pad_token_id,
+                                   greedy)
+    responses, response_mask, contain_stop = truncate_after_stop_token(responses, stop_token_id, pad_token_id,
+                                                                       args.min_response_length)
+    texts = tokenizer.batch_decode(torch.cat([queries, responses], dim=1), skip_special_tokens=True)
+    response_texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
+    chunk = args.local_rollout_forward_batch_size  # the reward model's passes in chunks, to bound memory
+    raw_scores = torch.cat([reward_fn(texts[i : i + chunk], response_texts[i : i + chunk])
+                            for i in range(0, len(texts), chunk)])
+    return responses, logprobs, response_mask, contain_stop, raw_scores
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The networks: how the policy and the reference read (query, response) tokens.
+
+
+def model_inputs(query_responses: torch.Tensor, pad_token_id: int) -> dict:
+    """The inputs of every forward pass over (left-padded query, response) token ids, except generation's."""
+    attention_mask = query_responses != pad_token_id
+    # detail 25: position ids from the attention mask: the first real token is at 0 whatever the padding
+    position_ids = attention_mask.cumsum(1) - attention_mask.long()
+    # detail 23: the pad id may be outside the vocabulary; padded positions are masked out, any id will do
+    input_ids = query_responses.masked_fill(~attention_mask, 0)
+    # use_cache=False: one pass over the whole sequence needs no KV cache (less memory)
+    return dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                use_cache=False)
+
+
+def scale_logits(logits: torch.Tensor, temperature: float, pad_token_id: int) -> torch.Tensor:
+    """detail 26: the policy is softmax(logits / temperature), in every forward pass."""
+    logits = logits / temperature
+    if pad_token_id < logits.shape[-1]:
+        # detail 23: a pad id inside the vocabulary is never a valid action (it would be read as padding)
+        logits[..., pad_token_id] = torch.finfo(logits.dtype).min
+    return logits
+
+
+def response_logits(model, query_responses: torch.Tensor, context_length: int, temperature: float,
+                    pad_token_id: int) -> torch.Tensor:
+    """Scaled logits of the distributions the response tokens were sampled from: (batch, response_length,
+    vocab). The logits at position i predict token i + 1, so the response tokens are predicted at positions
+    context_length - 1 ... L - 2; only those go through the (vocabulary-sized) output layer."""
+    positions = torch.arange(context_length - 1, query_responses.shape[1] - 1, device=query_responses.device)
+    output = model(**model_inputs(query_responses, pad_token_id), logits_to_keep=positions)
+    return scale_logits(output.logits, temperature, pad_token_id)
+
+
+def gather_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    return logits.log_softmax(-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+@torch.inference_mode()  # no autograd bookkeeping: faster, less memory
+def generate(policy, queries: torch.Tensor, response_length: int, temperature: float, pad_token_id: int,
+             greedy: bool = False):
+    """Sample response_length tokens after each left-padded query, with the KV cache (greedy: the most likely
+    token instead, for evaluation). Returns the responses and the log-probs of their tokens, both (batch,
+    response_length)."""
+    inputs = model_inputs(queries, pad_token_id)  # details 24, 25: left padding, positions from the mask
+    attention_mask, position_ids = inputs["attention_mask"], inputs["position_ids"]
+    input_ids, past_key_values = inputs["input_ids"], None
+    responses, logprobs = [], []
+    for _ in range(response_length):
+        output = policy(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                        past_key_values=past_key_values, use_cache=True, logits_to_keep=1)
+        past_key_values = output.past_key_values
+        logits = scale_logits(output.logits[:, -1], temperature, pad_token_id)  # detail 26
+        # detail 27: pure sampling from the full distribution (no top-k, no top-p)
+        token = logits.argmax(-1, keepdim=True) if greedy else torch.multinomial(logits.softmax(-1), 1)
+        responses.append(token)
+        logprobs.append(gather_logprobs(logits, token.squeeze(-1)))
+        # The next step feeds only the new token; the cache holds the rest.
+        input_ids = token
+        attention_mask = torch.cat([attention_mask, torch.ones_like(token, dtype=torch.bool)], dim=1)
+        position_ids = position_ids[:, -1:] + 1
+    return torch.cat(responses, dim=1), torch.stack(logprobs, dim=1)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The math: tensors in, tensors out (each function is tested against an explicit reference).
+
+
+def truncate_after_stop_token(responses: torch.Tensor, stop_token_id: int, pad_token_id: int,
+                              min_response_length: int = 0):
+    """detail 29: keep each response up to and including its first stop token at index min_response_length
+    or later, and pad what follows. Returns the truncated responses, the response mask (True on the real
+    tokens: up to and including that stop token) and whether each response contains such a stop token."""
+    is_stop = responses == stop_token_id
+    is_stop[:, :min_response_length] = False  # too early to end the response
+    contain_stop = is_stop.any(dim=1)
+    last_index = torch.where(contain_stop, is_stop.int().argmax(dim=1), responses.shape[1] - 1)
+    response_mask = torch.arange(responses.shape[1], device=responses.device) <= last_index.unsqueeze(1)
+    return responses.masked_fill(~response_mask, pad_token_id), response_mask, contain_stop
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of x where mask is True; masked entries cannot leak in, even as inf or nan."""
+    return torch.where(mask, x, 0.0).sum() / mask.sum()
+
+
+def group_advantages(scores: torch.Tensor, num_generations: int, scale_rewards: str):
+    """detail 36: each response's score minus the mean of its group (num_generations consecutive responses),
+    divided by the group's std (unbiased) + 1e-4 unless scale_rewards is "none". Returns the advantages
+    (batch,) and, per group, whether all its scores are equal (those groups get advantage 0 exactly)."""
+    grouped = scores.view(-1, num_generations)
+    all_equal = (grouped == grouped[:, :1]).all(dim=1)
+    advantages = grouped - grouped.mean(dim=1, keepdim=True)
+    if scale_rewards == "group":
+        advantages = advantages / (grouped.std(dim=1, keepdim=True) + 1e-4)
+    return advantages.masked_fill(all_equal.unsqueeze(1), 0.0).flatten(), all_equal
+
+
+def policy_loss(newlogprob, logprobs, advantages, clip_coef: float, clip_coef_high: float):
+    """details 8, 39: the clipped surrogate per token, as a loss to minimize, with the response's advantage on
+    each of its tokens (advantages: (batch,)). Returns (pg_loss per token, ratio, logratio)."""
+    logratio = newlogprob - logprobs
+    ratio = logratio.exp()
+    pg_loss1 = -advantages.unsqueeze(1) * ratio
+    pg_loss2 = -advantages.unsqueeze(1) * torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef_high)
+    return torch.max(pg_loss1, pg_loss2), ratio, logratio
+
+
+def k3_kl(newlogprob, ref_logprobs) -> torch.Tensor:
+    """detail 38: the k3 estimate of KL(pi || pi_ref) per token, (q - 1) - log q with q = pi_ref / pi of the
+    sampled token: never negative, and its gradient is (1 - q) grad log pi, which pulls pi toward pi_ref."""
+    logr = ref_logprobs - newlogprob
+    return logr.exp() - logr - 1
+
+
+def aggregate(token_loss, response_mask, loss_type: str, num_responses: int, num_tokens,
+              response_length: int):
+    """detail 37: these responses' share of the loss of a minibatch of num_responses responses and num_tokens
+    real tokens (its micro-batches' shares add up to it), padding left out; the docstring says the weights."""
+    token_loss = torch.where(response_mask, token_loss, 0.0)
+    if loss_type == "grpo":
+        return (token_loss.sum(1) / response_mask.sum(1)).sum() / num_responses
+    if loss_type == "dapo":
+        return token_loss.sum() / num_tokens
+    return token_loss.sum() / (num_responses * response_length)  # dr_grpo
+
+
+def debug_variables(all_logprobs, ratio, logratio, advantages, response_mask, clip_coef: float,
+                    clip_coef_high: float) -> dict:
+    """detail 12: over the real tokens, the entropy, the KL estimates of the step, and the clip fractions:
+    out of the range, and where the clip stops the gradient (low: ratio < 1 - clip_coef and A < 0; high)."""
+    entropy = -(all_logprobs.exp() * all_logprobs).sum(-1)
+    low, high = ratio < 1 - clip_coef, ratio > 1 + clip_coef_high
+    advantages = advantages.unsqueeze(1)
+    return {"entropy": masked_mean(entropy, response_mask),
+            "old_approx_kl": masked_mean(-logratio, response_mask),
+            "approx_kl": masked_mean((ratio - 1) - logratio, response_mask),
+            "clipfrac": masked_mean((low | high).float(), response_mask),
+            "clipfrac_low": masked_mean((low & (advantages < 0)).float(), response_mask),
+            "clipfrac_high": masked_mean((high & (advantages > 0)).float(), response_mask),
+            "ratio": masked_mean(ratio, response_mask)}
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Training
+
+
+def main(args: Args) -> dict:
+    # 1. setup
+    check_args(args)
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    torch.set_num_threads(args.num_threads)
+    if args.cuda and not torch.cuda.is_available():
+        print("--cuda: no GPU available, running on the CPU")
+    device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
+    if args.eval_checkpoint is not None:
+        return evaluate_checkpoint(args, device)
+
+    run_dir = os.path.join(args.runs_dir, f"{args.exp_name}__{args.seed}__{int(time.time())}")
+    prompts, eval_prompts = load_prompts(args)  # training, held-out; the loading functions are below main()
+    tokenizer, pad_token_id, stop_token_id = load_tokenizer(args.model_name, args.stop_token)
+    query_iter = query_batches(prompts, tokenizer, args, device)  # details 1, 35
+    policy = load_policy(args.model_name, device)
+    # detail 38: the frozen reference (the initial policy) only where the loss has a KL term
+    ref_policy = copy.deepcopy(policy).requires_grad_(False) if args.beta > 0 else None
+    reward_fn = load_reward_fn(args, device)
+    # detail 3: Adam (eps 1e-5) over the policy, the only trained model; fused: one in-place kernel a tensor
+    optimizer = torch.optim.Adam(policy.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+
+    writer = SummaryWriter(run_dir)
+    writer.add_text("hyperparameters", markdown_table(list(vars(args).items()), ("param", "value")))
+    eval_stats = {}
+
+    def held_out_evaluation(model, when: str, iteration: int):
+        """Score the held-out prompts, sampled (and greedy with --eval-greedy); log and keep the results."""
+        for greedy in [False, True] if args.eval_greedy else [False]:
+            result = evaluate(model, eval_prompts, tokenizer, stop_token_id, reward_fn, args, device, greedy)
+            eval_stats[when + ("_greedy" if greedy else "")] = result
+            for key, tag in [("raw_score_mean", "raw_scores"), ("accuracy", "accuracy")]:  # accuracy: RLVR
+                if key in result:
+                    writer.add_scalar(f"eval/{'greedy_' if greedy else ''}{tag}", result[key], iteration)
+
+    if args.eval_episodes > 0:
+        held_out_evaluation(policy, "initial", 0)
+    stats, iteration, interrupted = {}, 0, False
+    start_time = time.time()
+    try:
+        for iteration in range(1, args.num_batches + 1):
+            if args.anneal_lr:  # detail 4
+                frac = 1.0 - (iteration - 1.0) / args.num_batches
+                optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+
+            # 2. rollout: the groups of responses, their scores, and the reference's log-probs
+            iteration_start = time.time()
+            queries = next(query_iter)
+            context_length = queries.shape[1]
+            responses, logprobs, response_mask, contain_stop, raw_scores = sample_and_score(
+                policy, queries, tokenizer, stop_token_id, reward_fn, args)
+            real_responses = responses.masked_fill(~response_mask, 0)  # detail 23: pad ids may be outside
+            query_responses = torch.cat([queries, responses], dim=1)
+            ref_logprobs = None
+            if ref_policy is not None:  # detail 38
+                with torch.inference_mode():  # in chunks, so that no pass holds batch x length x vocab floats
+                    ref_logprobs = []
+                    for i in range(0, args.batch_size, args.local_rollout_forward_batch_size):
+                        chunk = slice(i, i + args.local_rollout_forward_batch_size)
+                        ref_logits = response_logits(ref_policy, query_responses[chunk], context_length,
+                                                     args.temperature, pad_token_id)
+                        ref_logprobs.append(gather_logprobs(ref_logits, real_responses[chunk]))
+                    ref_logprobs = torch.cat(ref_logprobs)
+            rollout_time = time.time() - iteration_start
+
+            # 3. advantages
+            scores = raw_scores  # raw: the group is the baseline and the scale (no detail 31)
+            if args.missing_eos_penalty is not None:  # detail 30: the EOS trick
+                scores = raw_scores.masked_fill(~contain_stop, args.missing_eos_penalty)
+            # detail 36: the group-relative advantage of each response
+            advantages, all_equal = group_advantages(scores, args.num_generations, args.scale_rewards)
+
+            # 4. update
+            update_start = time.time()
+            update_stats = {}  # for each debug variable, one tensor per micro-batch; averaged in 5.
+            for epoch in range(args.num_iterations):  # detail 40
+                b_inds = torch.randperm(args.batch_size, device=device)
+                for start in range(0, args.batch_size, args.minibatch_size):  # detail 6
+                    mb_inds = b_inds[start : start + args.minibatch_size]
+                    minibatch_tokens = response_mask[mb_inds].sum()
+                    minibatch_losses = {}  # the minibatch's losses: the sums of its micro-batches' shares
+                    for micro_start in range(0, args.minibatch_size, args.micro_batch_size):
+                        micro_inds = mb_inds[micro_start : micro_start + args.micro_batch_size]
+                        micro_mask = response_mask[micro_inds]
+                        # only the log-softmax of the logits is kept (backward needs it, not the logits)
+                        all_logprobs = response_logits(policy, query_responses[micro_inds], context_length,
+                                                       args.temperature, pad_token_id).log_softmax(-1)
+                        newlogprob = all_logprobs.gather(-1, real_responses[micro_inds, :, None]).squeeze(-1)
+                        token_pg_loss, ratio, logratio = policy_loss(newlogprob, logprobs[micro_inds],
+                                                                     advantages[micro_inds], args.clip_coef,
+                                                                     args.clip_coef_high)
+                        # detail 37: this micro-batch's share of the minibatch's loss
+                        sizes = (args.loss_type, args.minibatch_size, minibatch_tokens, args.response_length)
+                        losses = {"policy_loss": aggregate(token_pg_loss, micro_mask, *sizes)}
+                        if ref_logprobs is not None:  # detail 38: the KL to the reference, in the loss
+                            losses["kl"] = aggregate(k3_kl(newlogprob, ref_logprobs[micro_inds]), micro_mask,
+                                                     *sizes)
+                        loss = losses["policy_loss"] + args.beta * losses.get("kl", 0.0)
+                        loss.backward()
+                        with torch.no_grad():
+                            for k, v in losses.items():
+                                minibatch_losses[k] = minibatch_losses.get(k, 0.0) + v.detach()
+                            debug = debug_variables(all_logprobs, ratio, logratio, advantages[micro_inds],
+                                                    micro_mask, args.clip_coef, args.clip_coef_high)
+                            for k, v in debug.items():
+                                update_stats.setdefault(k, []).append(v)
+                        del all_logprobs, newlogprob, debug
+                    nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)  # detail 11
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+                    for k, v in minibatch_losses.items():
+                        update_stats.setdefault(k, []).append(v)
+            update_time = time.time() - update_start
+
+            # 5. logging
+            update_stats = {k: torch.stack(v).double().mean().item() for k, v in update_stats.items()}
+            distinct_responses, distinct_2 = diversity(responses, response_mask)
+            lengths, right = response_mask.sum(1).float(), raw_scores > 0  # right: the verifier's +1
+            stats = {
+                "charts/learning_rate": optimizer.param_groups[0]["lr"],
+                "charts/SPS": iteration * args.batch_size * args.response_length / (time.time() - start_time),
+                "charts/episodic_length": lengths.mean().item(),
+                **{f"losses/{k}": v for k, v in update_stats.items() if k != "ratio"},
+                "objective/scores": scores.mean().item(),
+                "objective/raw_scores": raw_scores.mean().item(),
+                # -log pi of the sampled tokens, summed over the response: a one-sample estimate of the
+                # response's entropy, in nats (losses/entropy: the mean next-token entropy in the update)
+                "objective/response_entropy": (-logprobs).masked_fill(~response_mask, 0).sum(1).mean().item(),
+                "val/num_eos_tokens": contain_stop.sum().item(),
+                "val/ratio": update_stats["ratio"],
+                "val/distinct_responses": distinct_responses,
+                "val/distinct_2": distinct_2,
+                "val/zero_advantage_groups": all_equal.float().mean().item(),  # their advantage is 0
+                "time/rollout": rollout_time,
+                "time/update": update_time,
+            }
+            if ref_logprobs is not None:  # the KL to the reference per response (k1, summed), as PPO logs it
+                kl = (logprobs - ref_logprobs).masked_fill(~response_mask, 0)
+                stats["objective/kl"] = kl.sum(1).mean().item()
+            if args.reward_model == "arithmetic":  # lengths of the right and the wrong responses (nan: none)
+                stats["val/length_right"] = lengths[right].mean().item()
+                stats["val/length_wrong"] = lengths[~right].mean().item()
+            for tag, value in stats.items():
+                writer.add_scalar(tag, value, iteration)
+            if iteration == 1 or iteration % args.log_samples_every == 0 or iteration == args.num_batches:
+                rows = list(zip(tokenizer.batch_decode(queries, skip_special_tokens=True),
+                                tokenizer.batch_decode(responses, skip_special_tokens=True),
+                                [f"{s:.2f} (A {a:+.2f})" for s, a in zip(scores.tolist(), advantages)]))
+                table = markdown_table(rows[: 2 * args.num_generations], ("query", "response", "score"))
+                writer.add_text("samples", table, iteration)
+            print(f"iteration {iteration}/{args.num_batches} score {stats['objective/scores']:.3f} "
+                  f"zero-advantage groups {stats['val/zero_advantage_groups']:.0%}")
+
+            if args.eval_every > 0 and iteration % args.eval_every == 0 and iteration < args.num_batches:
+                if args.eval_episodes > 0:
+                    held_out_evaluation(policy, f"iteration_{iteration}", iteration)
+    except KeyboardInterrupt:
+        print(f"interrupted in iteration {iteration}: keeping the logs, skipping the evaluation")
+        interrupted = True
+
+    # 6. save / evaluate
+    try:
+        if args.save_model:
+            model_path = os.path.join(run_dir, "model")
+            save_policy(policy, args.model_name, model_path)
+            print(f"policy saved to {model_path}")
+        if args.eval_episodes > 0 and not interrupted:
+            held_out_evaluation(policy, "final", iteration)
+            print_held_out_summary(eval_stats, args)
+    except KeyboardInterrupt:  # saving or evaluating GPT-2 takes seconds
+        print("interrupted while saving or evaluating: keeping the logs; the model folder may be incomplete")
+    finally:
+        writer.close()
+    return {"run_dir": run_dir, "eval": eval_stats, **stats}
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Plumbing, skippable on a first reading: the held-out evaluation, --eval-checkpoint, argument checks, loading
+# and saving, the task's prompts.
+
+
+@torch.inference_mode()
+def evaluate(policy, eval_prompts, tokenizer, stop_token_id: int, reward_fn, args: Args, device,
+             greedy=False) -> dict:
+    """Sample args.eval_episodes responses to the held-out prompts (never trained on) with the training
+    temperature and truncation (or greedy), and score them with the reward model, raw (no normalization, no
+    EOS trick). The random draws come from their own generator state: evaluating does not change training."""
+    prompts = [eval_prompts[i % len(eval_prompts)] for i in range(args.eval_episodes)]
+    raw_scores, contain_stop, samples = [], [], []
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(args.seed)
+        for i in range(0, len(prompts), args.batch_size):
+            batch = prompts[i : i + args.batch_size]
+            queries = tokenize_queries(tokenizer, batch, args.max_query_length, device)
+            responses, _, _, stopped, batch_raw_scores = sample_and_score(
+                policy, queries, tokenizer, stop_token_id, reward_fn, args, greedy)
+            raw_scores.append(batch_raw_scores)
+            contain_stop.append(stopped)
+            samples += list(zip(batch, tokenizer.batch_decode(responses, skip_special_tokens=True)))
+    raw_scores, contain_stop = torch.cat(raw_scores).float(), torch.cat(contain_stop).float()
+
+    def mean_and_stderr(x):
+        return x.mean().item(), (x.std() / len(x) ** 0.5).item() if len(x) > 1 else 0.0
+
+    result = {"stop_share": contain_stop.mean().item(), "raw_scores": raw_scores.tolist(), "samples": samples}
+    result["raw_score_mean"], result["raw_score_stderr"] = mean_and_stderr(raw_scores)
+    if args.reward_model == "arithmetic":
+        # accuracy counted over problems: each problem's share of right answers (0 or 1 when it is asked
+        # once), then the mean and its standard error over the distinct problems, the unit that varies
+        right = {}
+        for (prompt, _), score in zip(samples, raw_scores.tolist()):
+            right.setdefault(prompt, []).append(float(score > 0))
+        per_problem = torch.tensor([sum(r) / len(r) for r in right.values()])
+        result["accuracy"], result["accuracy_stderr"] = mean_and_stderr(per_problem)
+        result["problems"] = len(right)
+    return result
+
+
+def print_held_out_summary(eval_stats: dict, args: Args) -> None:
+    """The held-out evaluations of the initial and the final policy, in a few printed lines."""
+    initial, final = eval_stats["initial"]["raw_score_mean"], eval_stats["final"]["raw_score_mean"]
+    print(f"held-out prompts: raw score {initial:.3f} -> {final:.3f}")
+    for mode in (["", "_greedy"] if args.eval_greedy else [""]) if "accuracy" in eval_stats["final"] else []:
+        before, after = eval_stats["initial" + mode], eval_stats["final" + mode]
+        print(f"held-out accuracy{mode.replace('_', ', ')}: {before['accuracy']:.1%} +- "
+              f"{before['accuracy_stderr']:.1%} -> {after['accuracy']:.1%} +- {after['accuracy_stderr']:.1%} "
+              f"(standard error over {after['problems']} problems)")
+
+
+def evaluate_checkpoint(args: Args, device: torch.device) -> dict:
+    """--eval-checkpoint: score a saved policy on the held-out prompts; nothing is trained or written."""
+    tokenizer, _, stop_token_id = load_tokenizer(args.eval_checkpoint, args.stop_token, "--eval-checkpoint")
+    policy = load_policy(args.eval_checkpoint, device, "--eval-checkpoint")
+    eval_stats = {}
+    for greedy in [False, True] if args.eval_greedy else [False]:
+        eval_prompts = load_prompts(args)[1]
+        result = evaluate(policy, eval_prompts, tokenizer, stop_token_id, load_reward_fn(args, device), args,
+                          device, greedy)
+        accuracy = (f", accuracy {result['accuracy']:.1%} +- {result['accuracy_stderr']:.1%} over "
+                    f"{result['problems']} problems" if "accuracy" in result else "")
+        print(f"{args.eval_checkpoint}{' (greedy)' if greedy else ''}: raw score "
+              f"{result['raw_score_mean']:.4f} "
+              f"+- {result['raw_score_stderr']:.4f} (standard error) over {args.eval_episodes} responses, "
+              f"{result['stop_share']:.0%} with the stop token{accuracy}")
+        eval_stats["final_greedy" if greedy else "final"] = result
+    return {"eval": eval_stats}
+
+
+def check_args(args: Args) -> None:
+    """Validate the arguments and compute the derived sizes; fail before any model is loaded."""
+
+    def require(names: tuple, ok, requirement: str):
+        for name in names:
+            if not ok(getattr(args, name)):
+                flag = "--" + name.replace("_", "-")
+                raise SystemExit(f"error: {flag} must be {requirement} (got {getattr(args, name)})")
+
+    require(("response_length", "max_query_length", "batch_size", "num_minibatches", "num_iterations",
+             "gradient_accumulation_steps", "local_rollout_forward_batch_size", "log_samples_every",
+             "num_threads", "arithmetic_digits"), lambda v: v >= 1, "at least 1")
+    require(("num_generations",), lambda v: v >= 2, "at least 2: a group of one response has no other to be "
+            "compared with, so its advantage would always be 0")
+    require(("eval_episodes", "eval_every", "beta"), lambda v: v >= 0, "at least 0")
+    require(("temperature", "learning_rate", "clip_coef", "max_grad_norm"), lambda v: v > 0, "positive")
+    require(("clip_coef_high",), lambda v: v is None or v > 0, "positive or None")
+    require(("scale_rewards",), lambda v: v in ("group", "none"), "group or none")
+    require(("loss_type",), lambda v: v in ("grpo", "dapo", "dr_grpo"), "grpo, dapo or dr_grpo")
+    if not 0 <= args.min_response_length < args.response_length:
+        raise SystemExit(f"error: --min-response-length {args.min_response_length} must be at least 0 and "
+                         f"smaller than --response-length {args.response_length}")
+    if args.batch_size % args.num_generations != 0:
+        raise SystemExit(f"error: --batch-size {args.batch_size} is not a whole number of groups of "
+                         f"--num-generations {args.num_generations}; choose a multiple of it")
+    args.prompts_per_batch = args.batch_size // args.num_generations
+    if args.batch_size % args.num_minibatches != 0:
+        raise SystemExit(f"error: --batch-size {args.batch_size} is not divisible by --num-minibatches "
+                         f"{args.num_minibatches}; choose a batch size that is a multiple of it")
+    args.minibatch_size = args.batch_size // args.num_minibatches
+    if args.minibatch_size % args.gradient_accumulation_steps != 0:
+        raise SystemExit(f"error: the minibatch size {args.minibatch_size} (--batch-size / "
+                         f"--num-minibatches) is not divisible by --gradient-accumulation-steps "
+                         f"{args.gradient_accumulation_steps}")
+    args.micro_batch_size = args.minibatch_size // args.gradient_accumulation_steps
+    if args.total_episodes < args.batch_size:
+        raise SystemExit(f"error: --total-episodes {args.total_episodes} is smaller than one batch "
+                         f"(--batch-size {args.batch_size})")
+    args.num_batches = args.total_episodes // args.batch_size
+    if args.clip_coef_high is None:  # detail 39: a symmetric clip unless asked
+        args.clip_coef_high = args.clip_coef
+    if not args.stop_token:
+        raise SystemExit("error: --stop-token must be `eos` or a single-token string such as `.`")
+    for flag, name in [("--model-name", args.model_name), ("--reward-model", args.reward_model),
+                       ("--eval-checkpoint", args.eval_checkpoint)]:
+        # A path (not a hub id) that does not exist fails here, without asking the network.
+        if name is None or not (flag == "--eval-checkpoint" or name.startswith(("/", ".", "~"))):
+            continue
+        if not os.path.isdir(os.path.expanduser(name)):
+            raise SystemExit(f"error: {flag} {name}: no such directory")
+    if args.eval_checkpoint is not None:
+        check_saved_policy(os.path.expanduser(args.eval_checkpoint))
+    if args.prompts_file is not None and args.reward_model == "arithmetic":
+        raise SystemExit("error: --prompts-file: --reward-model arithmetic makes its own prompts; pass one "
+                         "or the other")
+    if args.prompts_file is not None and not os.path.isfile(args.prompts_file):
+        raise SystemExit(f"error: --prompts-file {args.prompts_file}: no such file")
+    if args.reward_model == "vader" and importlib.util.find_spec("vaderSentiment") is None:
+        raise SystemExit("error: --reward-model vader needs the vaderSentiment package (pip install "
+                         "vaderSentiment)")
+
+
+def check_saved_policy(path: str) -> None:
+    """--eval-checkpoint: a whole folder written by --save-model, or a one-line error before any work."""
+    from safetensors import safe_open
+
+    files = os.listdir(path)
+    weights = [os.path.join(path, f) for f in files if f.endswith(".safetensors")]
+    try:
+        if not weights or not {"config.json", "tokenizer_config.json"} <= set(files):
+            raise ValueError("it needs config.json, tokenizer_config.json and .safetensors weights")
+        with open(os.path.join(path, "config.json")) as f:
+            json.load(f)
+        for weights_file in weights:
+            with safe_open(weights_file, "pt"):  # fails if the file is shorter than its header says
+                pass
+    except Exception as e:  # a missing file, bad JSON or truncated weights: all mean the same here
+        raise SystemExit(f"error: --eval-checkpoint {path}: not a policy saved by --save-model "
+                         f"({first_line(e)})")
+
+
+def first_line(e: Exception) -> str:
+    return (str(e).strip() or type(e).__name__).splitlines()[0]
+
+
+def from_pretrained(auto_class, name: str, flag: str, **kwargs):
+    """Load a model or tokenizer; if it cannot be loaded, stop with a message that says what to pass."""
+    try:
+        return auto_class.from_pretrained(name, **kwargs)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"error: {flag} {name!r} could not be loaded ({first_line(e)}). Without network "
+                         f"access, pass a local directory written by save_pretrained (and set "
+                         f"HF_HUB_OFFLINE=1 to skip the retries).")
+
+
+def load_tokenizer(model_name: str, stop_token: str, flag: str = "--model-name"):
+    """The policy's tokenizer, set up for RLHF; returns it with the pad and stop token ids."""
+    # detail 24: left padding (and left truncation) of the queries
+    tokenizer = from_pretrained(AutoTokenizer, model_name, flag, padding_side="left", truncation_side="left")
+    if tokenizer.pad_token is None or tokenizer.pad_token_id == tokenizer.eos_token_id:
+        # detail 23: a pad token distinct from EOS, so that padding and a sampled EOS are never confused
+        tokenizer.add_special_tokens({"pad_token": "[PAD]"})
+    if stop_token == "eos":
+        if tokenizer.eos_token_id is None:
+            raise SystemExit(f"error: --stop-token eos: the tokenizer of {model_name} has no EOS token")
+        return tokenizer, tokenizer.pad_token_id, tokenizer.eos_token_id
+    # The id the policy samples is the one the token has inside text: "." alone may encode to a word-initial
+    # variant (SentencePiece's "▁."), so the id is read off a word followed by the stop token.
+    for word in ("word", "x", "7"):
+        word_ids = tokenizer.encode(word, add_special_tokens=False)
+        ids = tokenizer.encode(word + stop_token, add_special_tokens=False)
+        if len(ids) == len(word_ids) + 1 and ids[: len(word_ids)] == word_ids:
+            return tokenizer, tokenizer.pad_token_id, ids[-1]
+    raise SystemExit(f"error: --stop-token {stop_token!r} is not a single token inside text for this "
+                     f"tokenizer ({'x' + stop_token!r} encodes as {ids}); pass `eos` or a single token, such "
+                     f"as `.`")
+
+
+def load_config(name: str, flag: str):
+    config = from_pretrained(AutoConfig, name, flag)
+    if getattr(config, "activation_function", None) == "gelu_new":
+        # GPT-2's "gelu_new" is the tanh GELU as six element-wise operations whose outputs backward keeps;
+        # torch's fused GELU(approximate="tanh") is the same function (to float rounding) and keeps only its
+        # input: less activation memory in the update, and faster
+        config.activation_function = "gelu_pytorch_tanh"
+    return config
+
+
+def load_policy(model_name: str, device: torch.device, flag: str = "--model-name") -> nn.Module:
+    config = load_config(model_name, flag)
+    policy = from_pretrained(AutoModelForCausalLM, model_name, flag, config=config, dtype=torch.float32)
+    return policy.to(device).eval()  # detail 28: dropout off, eval mode everywhere, also while training
+
+
+def load_reward_fn(args: Args, device: torch.device):
+    """A function that maps texts (query + response) and the responses alone to a tensor of scores."""
+    if args.reward_model == "length":
+        # the toy reward of the KL-vs-collapse experiment: the response's length in characters, scaled
+        return lambda texts, responses: torch.tensor([len(r) / args.response_length for r in responses],
+                                                     device=device)
+    if args.reward_model == "arithmetic":
+        return lambda texts, responses: torch.tensor([verify_sum(t, r) for t, r in zip(texts, responses)],
+                                                     device=device)
+    if args.reward_model == "vader":
+        from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
+
+        analyzer = SentimentIntensityAnalyzer()
+        return lambda texts, responses: torch.tensor([analyzer.polarity_scores(t)["compound"] for t in texts],
+                                                     device=device)
+
+    reward_tokenizer = from_pretrained(AutoTokenizer, args.reward_model, "--reward-model")
+    reward_model = from_pretrained(AutoModelForSequenceClassification, args.reward_model, "--reward-model",
+                                   dtype=torch.float32).to(device)
+    reward_model.eval().requires_grad_(False)  # detail 28
+    reward_model.config.use_cache = False  # one pass, no KV cache (for models that have one)
+    # a scalar reward model (one label, as reward_model_gpt2.py writes) has one score; a classifier has one
+    # per label
+    label = 0 if reward_model.config.num_labels == 1 else args.reward_label
+    # reward_model_gpt2.py's normalization: its gain is in the weights, its shift (a head has no bias) here
+    reward_bias = getattr(reward_model.config, "reward_bias", 0.0)
+    if not 0 <= label < reward_model.config.num_labels:
+        raise SystemExit(f"error: --reward-label {args.reward_label} is not one of the reward model's "
+                         f"{reward_model.config.num_labels} labels {reward_model.config.id2label}")
+    if reward_tokenizer.pad_token is None:
+        # The reward model reads plain detokenized text, without special tokens, so EOS is a safe pad here.
+        reward_tokenizer.pad_token = reward_tokenizer.eos_token
+    reward_model.config.pad_token_id = reward_tokenizer.pad_token_id
+
+    @torch.inference_mode()
+    def reward_fn(texts: list[str], responses: list[str]) -> torch.Tensor:
+        # The reward model reads the text with its own tokenizer, not the policy's token ids.
+        inputs = reward_tokenizer(texts, padding=True, truncation=True, return_tensors="pt").to(device)
+        return reward_model(**inputs).logits[:, label].float() + reward_bias
+
+    return reward_fn
+
+
+def save_policy(policy: nn.Module, model_name: str, path: str) -> None:
+    """save_pretrained, with a tokenizer that plain `from_pretrained` + `generate` can use as it is: the
+    original one, left padding, and a pad id the model can embed (EOS, if it has no pad token)."""
+    tokenizer = from_pretrained(AutoTokenizer, model_name, "--model-name", padding_side="left")
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    policy.generation_config.pad_token_id = tokenizer.pad_token_id
+    policy.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+
+
+def arithmetic_problems(digits: int, held_out: bool) -> list[str]:
+    """The prompts of --reward-model arithmetic: every sum of two numbers of `digits` digits, split once by a
+    fixed seed (whatever --seed) into training and held-out problems; a + b and b + a on the same side."""
+    numbers = range(0 if digits == 1 else 10 ** (digits - 1), 10**digits)
+    pairs = [(a, b) for a in numbers for b in numbers if a <= b]
+    random.Random(0).shuffle(pairs)
+    pairs = pairs[: len(pairs) // 4] if held_out else pairs[len(pairs) // 4 :]
+    return [f"What is {a} + {b}? The answer is" for x, y in pairs for a, b in dict.fromkeys([(x, y), (y, x)])]
+
+
+def load_prompts(args: Args) -> tuple[list[str], list[str]]:
+    """The training prompts and the held-out ones."""
+    if args.reward_model == "arithmetic":
+        return (arithmetic_problems(args.arithmetic_digits, held_out=False),
+                arithmetic_problems(args.arithmetic_digits, held_out=True))
+    if args.prompts_file is None:
+        return list(PROMPTS), list(EVAL_PROMPTS)
+    with open(args.prompts_file) as f:
+        prompts = [line.strip() for line in f if line.strip()]
+    if not prompts:
+        raise SystemExit(f"error: --prompts-file {args.prompts_file} contains no prompts")
+    return prompts, list(EVAL_PROMPTS)
+
+
+def diversity(responses: torch.Tensor, response_mask: torch.Tensor) -> tuple[float, float]:
+    """Share of distinct responses in the batch, and distinct-2 (distinct token bigrams / all bigrams):
+    both fall toward 0 when the policy collapses onto a few strings."""
+    rows = [tuple(r[m].tolist()) for r, m in zip(responses, response_mask)]
+    bigrams = [pair for row in rows for pair in zip(row, row[1:])]
+    return len(set(rows)) / len(rows), len(set(bigrams)) / max(len(bigrams), 1)
+
+
+def markdown_table(rows: list[tuple], header: tuple) -> str:
+    cells = [[str(x).replace("|", "\\|").replace("\n", " ") for x in row] for row in rows]
+    lines = [header, ["-"] * len(header)] + cells
+    return "\n".join("|" + "|".join(line) + "|" for line in lines)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Data, skippable: openings of movie reviews written for this project; the policy continues them.
+
+PROMPTS = [
+    "This movie was", "I went into this film expecting", "The acting in this one is",
+    "Honestly, the plot of this movie", "From the very first scene, I",
+    "My friends dragged me to see this, and", "The director clearly wanted to",
+    "I have seen a lot of westerns, but this one", "The soundtrack alone",
+    "After two hours in the theater, I", "The lead actress gives a performance that",
+    "This is the kind of comedy that", "I rented this on a rainy Sunday and", "The special effects were",
+    "Watching this with my kids,", "The dialogue in the second half",
+    "If you liked the book, this adaptation", "I did not expect a horror movie to", "The ending of this film",
+    "Critics have called it a masterpiece, but", "The cinematography is", "Three words describe this movie:",
+    "I walked out of the cinema feeling", "The villain in this story",
+    "It has been years since a documentary", "The first twenty minutes are",
+    "As a fan of the original series, I", "The chemistry between the two leads", "This low-budget thriller",
+    "I watched it twice, and", "The screenplay tries to", "Nothing about this sequel",
+    "My expectations were low, and the film", "The pacing of this movie",
+    "Every scene with the old detective", "This animated feature", "The costumes and sets",
+    "I can't remember the last time a movie", "The story follows a young woman who",
+    "What starts as a simple romance", "The humor in this film", "Halfway through, I realized",
+    "This remake of a classic", "The cast is full of familiar faces, and", "As war films go, this one",
+    "The music, the colors, the camera work:", "I really wanted to like this movie, but",
+    "The child actors in this film", "By the time the credits rolled,", "This is a slow film that",
+    "The twist at the end", "Compared to the director's earlier work,", "Nobody in my family",
+    "The script was written by", "On paper, this movie", "The action sequences",
+    "I saw this at a small festival and", "This musical", "The performances are uneven, but",
+    "For a film about friendship, it", "The first time I saw this movie,", "This science fiction epic",
+    "Despite the famous cast, the film", "The editing makes every scene",
+    "The movie opens with a long shot of", "I laughed, I cried, and", "The small town setting",
+    "Years from now, people will", "This courtroom drama", "The heist in the middle of the film",
+    "It is rare for a family movie to", "The best thing about this film is",
+]
+
+# Held-out openings, never used in training: the evaluation of the initial and the final policy.
+EVAL_PROMPTS = [
+    "The trailer made this film look", "I bought a ticket for the late show and",
+    "The first act of this drama", "My grandmother loved this movie because",
+    "The sound design in the battle scenes", "This biopic of a famous painter",
+    "Two minutes into the opening credits, I", "The writers of this comedy",
+    "Of all the films I saw this year, this one", "The young director's debut", "This spy thriller",
+    "The love story at the center of the film", "Watching it again after ten years,", "The supporting cast",
+    "This film about a small fishing village", "The final battle",
+]
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))
