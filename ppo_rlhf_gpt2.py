@@ -620,14 +620,7 @@ def main(args: Args) -> dict:
             held_out_evaluation(policy, "final", iteration)
             initial, final = eval_stats["initial"]["raw_score_mean"], eval_stats["final"]["raw_score_mean"]
             eval_stats["normalized_score_change"] = (final - initial) * score_gain
-            print(f"held-out prompts: raw score {initial:.3f} -> {final:.3f} "
-                  f"({eval_stats['normalized_score_change']:+.3f} in normalized units)")
-            modes = ["", "_greedy"] if args.eval_greedy else [""]
-            for mode in modes if "accuracy" in eval_stats["final"] else []:
-                before, after = eval_stats["initial" + mode], eval_stats["final" + mode]
-                print(f"held-out accuracy{mode.replace('_', ', ')}: {before['accuracy']:.1%} +- "
-                      f"{before['accuracy_stderr']:.1%} -> {after['accuracy']:.1%} +- "
-                      f"{after['accuracy_stderr']:.1%} (standard error over {after['problems']} problems)")
+            print_held_out_summary(eval_stats, args)
     except KeyboardInterrupt:  # saving or evaluating GPT-2 takes seconds
         print("interrupted while saving or evaluating: keeping the logs; the model folder may be incomplete")
     finally:
@@ -680,6 +673,18 @@ def evaluate(policy, eval_prompts, tokenizer, stop_token_id: int, reward_fn, arg
     return result
 
 
+def print_held_out_summary(eval_stats: dict, args: Args) -> None:
+    """The held-out evaluations of the initial and the final policy, in a few printed lines."""
+    initial, final = eval_stats["initial"]["raw_score_mean"], eval_stats["final"]["raw_score_mean"]
+    print(f"held-out prompts: raw score {initial:.3f} -> {final:.3f} "
+          f"({eval_stats['normalized_score_change']:+.3f} in normalized units)")
+    for mode in (["", "_greedy"] if args.eval_greedy else [""]) if "accuracy" in eval_stats["final"] else []:
+        before, after = eval_stats["initial" + mode], eval_stats["final" + mode]
+        print(f"held-out accuracy{mode.replace('_', ', ')}: {before['accuracy']:.1%} +- "
+              f"{before['accuracy_stderr']:.1%} -> {after['accuracy']:.1%} +- {after['accuracy_stderr']:.1%} "
+              f"(standard error over {after['problems']} problems)")
+
+
 def evaluate_checkpoint(args: Args, device: torch.device) -> dict:
     """--eval-checkpoint: score a saved policy on the held-out prompts; nothing is trained or written."""
     tokenizer, _, stop_token_id = load_tokenizer(args.eval_checkpoint, args.stop_token, "--eval-checkpoint")
@@ -689,7 +694,8 @@ def evaluate_checkpoint(args: Args, device: torch.device) -> dict:
         eval_prompts = load_prompts(args)[1]
         result = evaluate(policy, eval_prompts, tokenizer, stop_token_id, load_reward_fn(args, device), args,
                           device, greedy)
-        accuracy = f", accuracy {result['accuracy']:.1%}" if "accuracy" in result else ""
+        accuracy = (f", accuracy {result['accuracy']:.1%} +- {result['accuracy_stderr']:.1%} over "
+                    f"{result['problems']} problems" if "accuracy" in result else "")
         print(f"{args.eval_checkpoint}{' (greedy)' if greedy else ''}: raw score "
               f"{result['raw_score_mean']:.4f} "
               f"+- {result['raw_score_stderr']:.4f} (standard error) over {args.eval_episodes} responses, "
