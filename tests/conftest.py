@@ -547,3 +547,116 @@ def tiny(tmp_path_factory):
     padded.save_pretrained(root / "padded")
     return {"policy": str(root / "policy"), "reward": str(root / "reward"), "llama": str(root / "llama"),
             "padded": str(root / "padded"), "root": root}
+
+
+# ---------------------------------------------------------------- values where they can be wrong (issue 41)
+
+
+class TinyRenderModeEnv(TinyEnv):
+    """TinyEnv that takes the render_mode gym.make may pass (ppo_walker2d.py's evaluation does), so that a
+    TinyBox agent's checkpoint can be evaluated."""
+
+    def __init__(self, box=False, render_mode=None):
+        super().__init__(box)
+        self.render_mode = render_mode
+
+
+gym.register("TinyBoxRenderMode-v0", entry_point=TinyRenderModeEnv, max_episode_steps=4, kwargs={"box": True})
+
+
+
+def played_by_hand(env_id, seeds, act):
+    """The return of one episode per seed, played here with gym.make(env_id) reset with that seed and `act`
+    (observation -> action) until it terminates or is truncated: what an evaluation of independent episodes
+    must give."""
+    env = gym.make(env_id)
+    returns = []
+    for seed in seeds:
+        obs, _ = env.reset(seed=seed)
+        done, total = False, 0.0
+        while not done:
+            obs, reward, terminated, truncated, _ = env.step(act(obs))
+            total += float(reward)
+            done = terminated or truncated
+        returns.append(total)
+    env.close()
+    return returns
+
+
+def tanh_mlp(net, x):
+    """A network of Linear and Tanh layers applied in float64 numpy from its weights (mlp_by_hand without
+    changing the biases), to one observation or a batch."""
+    h = np.asarray(x, dtype=np.float64)
+    for layer in net:
+        if isinstance(layer, torch.nn.Linear):
+            h = h @ layer.weight.detach().double().numpy().T + layer.bias.detach().double().numpy()
+        else:
+            assert isinstance(layer, torch.nn.Tanh)
+            h = np.tanh(h)
+    return h
+
+
+def check_greedy_evaluation_draws_independent_episodes(module):
+    """A discrete script's `evaluate` on CartPole-v1 (each seed its own start state) with a fixed agent:
+    episode i is the greedy policy's episode from seed `seed + i`, argmax worked out in numpy, so the returns
+    are independent draws, not one episode repeated."""
+    torch.manual_seed(0)
+    agent = module.Agent(4, 2)
+    with torch.no_grad():  # a policy whose greedy action depends on the state, so that episodes differ more
+        agent.actor[-1].weight.mul_(100.0)
+    returns = module.evaluate(agent, "CartPole-v1", 5, 1000, torch.device("cpu"))
+    expected = played_by_hand("CartPole-v1", range(1000, 1005),
+                              lambda obs: int(np.argmax(tanh_mlp(agent.actor, obs))))
+    assert returns == expected
+    assert len(set(expected)) > 1
+
+
+def finished_episodes(watch, per_env_and_reset=None):
+    """Every episode the watched run's envs finished, from their own record, in the order a vector env reports
+    them (step by step, env by env): (env steps taken when it ended, its return as the sum of the raw rewards,
+    its length). `per_env_and_reset`: only each env's first this-many episodes after each reset (REINFORCE's
+    batches)."""
+    episodes, steps = [], 0
+    for segment in watch.segments:
+        num_envs = len(segment["obs"][0])
+        totals, lengths, ended = np.zeros(num_envs), np.zeros(num_envs, dtype=int), np.zeros(num_envs, int)
+        steps_record = zip(segment["rewards"], segment["terminated"], segment["truncated"])
+        for rewards, terminated, truncated in steps_record:
+            steps += num_envs
+            totals, lengths = totals + rewards, lengths + 1
+            for i in np.flatnonzero(terminated | truncated):
+                if per_env_and_reset is None or ended[i] < per_env_and_reset:
+                    episodes.append((steps, float(totals[i]), int(lengths[i])))
+                ended[i] += 1
+                totals[i], lengths[i] = 0.0, 0
+    return episodes
+
+
+def check_logged_episodes(watch, events, result, per_env_and_reset=None):
+    """The episodic returns and lengths a run logged and returned are the watched envs' own
+    (finished_episodes), each at the env step it ended, on an env where a return is not a length (TinyDiscrete
+    and TinyBox pay 1 + t)."""
+    expected = finished_episodes(watch, per_env_and_reset)
+    returns, lengths = events.Scalars("charts/episodic_return"), events.Scalars("charts/episodic_length")
+    assert [(e.step, e.value, f.value) for e, f in zip(returns, lengths)] == expected
+    assert len(returns) == len(lengths) == len(expected)
+    assert result["episodic_returns"] == [r for _, r, _ in expected]
+    assert any(r != n for _, r, n in expected)
+
+
+def check_checkpoint_plays_its_own_env(module, watch, run, tmp_path):
+    """A discrete script's agent.pt saved by a watched TinyDiscrete-v0 run (`run`, default --seed 1, 2
+    evaluation episodes), evaluated with --eval-checkpoint and the evaluating command's default --env-id
+    (CartPole-v1): it plays the saved env with the saved weights (the greedy action worked out in numpy), as
+    the run's own evaluation did."""
+    trained = copy.deepcopy(watch.agent)  # before --eval-checkpoint builds another agent
+
+    def greedy(obs):
+        return int(np.argmax(tanh_mlp(trained.actor, obs)))
+
+    assert run["eval_returns"] == played_by_hand("TinyDiscrete-v0", range(100_001, 100_003), greedy)
+    args = module.Args(eval_checkpoint=os.path.join(run["run_dir"], "agent.pt"), eval_episodes=3, seed=5,
+                       runs_dir=str(tmp_path / "eval"), cuda=False)
+    assert args.env_id == "CartPole-v1"
+    evaluated = module.main(args)
+    assert evaluated["eval_returns"] == played_by_hand("TinyDiscrete-v0", range(100_005, 100_008), greedy)

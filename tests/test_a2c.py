@@ -6,8 +6,9 @@ import pytest
 import torch
 
 import a2c
-from conftest import (check_categorical_agent_by_hand, check_one_step_gae, check_same_step_autoreset,
-                      unusable_checkpoint, walker_agent_pt)
+from conftest import (check_categorical_agent_by_hand, check_checkpoint_plays_its_own_env,
+                      check_greedy_evaluation_draws_independent_episodes, check_logged_episodes,
+                      check_one_step_gae, check_same_step_autoreset, unusable_checkpoint, walker_agent_pt)
 
 SHARED_TAGS = [
     "charts/episodic_return",
@@ -543,3 +544,19 @@ def test_a_checkpoint_this_script_did_not_save_fails_fast(short_run, tmp_path, f
     saved = os.path.join(short_run["run_dir"], "agent.pt")
     path = unusable_checkpoint(kind, saved, walker_agent_pt(tmp_path / "walker"), tmp_path / "bad.pt")
     fails_fast(a2c, small_args, dict(eval_checkpoint=str(path)), "--eval-checkpoint")
+
+
+# ----------------------------------------------------------------------- issue 41: where a value can be wrong
+
+
+def test_evaluation_episodes_are_independent_draws_from_their_own_seeds():
+    check_greedy_evaluation_draws_independent_episodes(a2c)
+
+
+def test_a_saved_agent_is_evaluated_on_its_own_env_and_the_run_logs_its_episodes(tmp_path, spy, read_events):
+    """On TinyDiscrete-v0 an episode's return (6 or 10) is not its length (3 or 4), and a saved agent cannot
+    be played on the default CartPole-v1."""
+    watch = spy(a2c)
+    run = a2c.main(tiny_args(tmp_path, save_model=True, eval_episodes=2))
+    check_logged_episodes(watch, read_events(run["run_dir"]), run)
+    check_checkpoint_plays_its_own_env(a2c, watch, run, tmp_path)

@@ -1,6 +1,8 @@
 """The course-exercise scripts in experiments/: the clip-objective curve is the code's own and flat exactly where
-theory says; the epsilon ablation builds the benchmark runs it means to and rejects bad input before running.
-Also benchmarks/preference_baselines.py, a tool outside the scripts."""
+theory says; the epsilon ablation builds the benchmark runs it means to and rejects bad input before running;
+the numbers behind the figures and tables of the clip objective, the epsilon ablation and the KL-vs-collapse
+study, worked out by hand on small inputs. Also benchmarks/preference_baselines.py, a tool outside the
+scripts."""
 
 import importlib.util
 import json
@@ -71,6 +73,207 @@ def test_epsilon_ablation_rejects_bad_input_before_running(kw, flag, tmp_path):
         epsilon_ablation.main(epsilon_ablation.Args(name="never_run", out=str(tmp_path), **kw))
     assert not os.listdir(tmp_path)
     assert not os.path.exists(os.path.join(ROOT, "benchmarks", "runs", "never_run"))
+
+
+# ---------------------------------------- issue 41: what the experiments compute for their figures and tables
+
+
+def test_epoch_stats_of_later_epochs_pair_each_ratio_with_its_own_advantage():
+    # one update of 2 epochs x 2 minibatches over the same 4 samples, with advantages +1, -1, -1, +1; the
+    # second epoch reshuffles them (samples 1, 0, 3, 2), so its advantages arrive in another order
+    adv = np.array([1.0, -1.0, -1.0, 1.0], dtype=np.float32)
+    first = np.array([0.5, 1.3, 1.1, 0.7], dtype=np.float32)  # epoch 1: samples 0-3
+    second = np.array([0.6, 1.5, 1.25, 0.9], dtype=np.float32)  # epoch 2: samples 1, 0, 3, 2
+    order = [1, 0, 3, 2]
+    calls = [(first[:2], adv[:2]), (first[2:], adv[2:]),
+             (second[:2], adv[order][:2]), (second[2:], adv[order][2:])]
+    stats = clip_objective.epoch_stats(calls, num_minibatches=2, clip_coef=0.2)
+    np.testing.assert_allclose(np.concatenate(stats["ratios"]), np.concatenate([first, second]))
+    # outside 1 +- 0.2: 0.5, 1.3, 0.7; then 0.6, 1.5, 1.25
+    assert stats["clipfrac"] == [pytest.approx(3 / 4), pytest.approx(3 / 4)]
+    # epoch 1: 0.5 and 0.7 have A > 0, 1.3 has A < 0: each on the side where the min keeps r * A, none flat;
+    # epoch 2: 0.6 (A < 0), 1.5 and 1.25 (A > 0) are past the clip on their advantage's side, 0.9 is not
+    assert stats["zero_grad"] == [0.0, pytest.approx(3 / 4)]
+    for epoch, r in enumerate((first, second)):
+        r = r.astype(np.float64)
+        assert stats["approx_kl"][epoch] == pytest.approx(sum(x - 1 - np.log(x) for x in r) / 4, rel=1e-12)
+
+
+def ablation_run(seed, returns, evaluation, approx_kl, clipfrac, wall):
+    steps = [100.0 * (i + 1) for i in range(len(approx_kl))]
+    return {"seed": seed, "train_return": returns, "eval_return": evaluation, "approx_kl": approx_kl,
+            "approx_kl_steps": steps, "clipfrac": clipfrac, "clipfrac_steps": steps,
+            "process_wall_seconds": wall, "steps": steps, "returns": [returns] * len(steps)}
+
+
+def test_epsilon_ablation_table_rows_by_hand(tmp_path):
+    args = epsilon_ablation.Args(envs=["CartPole-v1"], clip_coefs=[0.2, 0.5], cartpole_seeds=[1, 2],
+                                 cartpole_timesteps=1000, eval_episodes=3, name="t")
+    (_, _, bargs), _ = epsilon_ablation.settings(args)
+    results = {"CartPole-v1": {
+        # approx_kl: run means 0.02 and 0.06; clipfrac: run means 0.2 and 0.4
+        0.2: [ablation_run(1, 100.0, 10.0, [0.01, 0.03], [0.1, 0.3], 30.0),
+              ablation_run(2, 200.0, 30.0, [0.05, 0.07], [0.3, 0.5], 50.0)],
+        # approx_kl: run means 0.1 and 0.1; clipfrac: run means 0.5 and 0.6 (wall times 10, 20, median 15)
+        0.5: [ablation_run(1, 50.0, 40.0, [0.1], [0.5], 10.0),
+              ablation_run(2, 70.0, 40.0, [0.1], [0.6], 20.0)],
+    }}
+    md = tmp_path / "t.md"
+    epsilon_ablation.write_page(args, results, {"CartPole-v1": bargs}, "python experiments/x.py", str(md))
+    page = md.read_text()
+    # mean ± std over the seeds of each run's mean over its updates
+    assert ("| 0.2 (default) | 150.00 ± 50.00 | 20.00 ± 10.00 | 100.0, 200.0 | 0.0400 ± 0.0200 "
+            "| 0.300 ± 0.100 | 40 |") in page
+    assert ("| 0.5 | 60.00 ± 10.00 | 40.00 ± 0.00 | 50.0, 70.0 | 0.1000 ± 0.0000 | 0.550 ± 0.050 "
+            "| 15 |") in page
+
+
+def test_epsilon_ablation_mean_curve_ends_with_the_shortest_run_and_smooths_by_hand():
+    runs = [{"x": [0.0, 10.0, 20.0, 30.0], "y": [1.0, 3.0, 5.0, 7.0]},
+            {"x": [0.0, 10.0, 20.0], "y": [2.0, 2.0, 8.0]}]
+    grid, curves = epsilon_ablation.mean_curve(runs, "x", "y", smooth=2, points=5)
+    # trailing means over 2: [1, 2, 4, 6] and [2, 2, 5], interpolated on 0, 5, ..., 20 (the shorter run's end)
+    np.testing.assert_allclose(grid, [0.0, 5.0, 10.0, 15.0, 20.0])
+    np.testing.assert_allclose(curves, [[1.0, 1.5, 2.0, 3.0, 4.0], [2.0, 2.0, 2.0, 3.5, 5.0]])
+
+
+def test_epsilon_ablation_reads_the_k3_approx_kl_and_the_clipfrac_each_update_logged(tmp_path, monkeypatch):
+    from torch.utils.tensorboard import SummaryWriter
+
+    benchmark = epsilon_ablation.benchmark
+    monkeypatch.setattr(benchmark, "run_dir_of", lambda bargs, script, seed: str(tmp_path / f"seed{seed}"))
+    args = epsilon_ablation.Args(envs=["CartPole-v1"], clip_coefs=[0.2], cartpole_seeds=[1], name="t")
+    ((_, _, bargs),) = epsilon_ablation.settings(args)
+    writer = SummaryWriter(str(tmp_path / "seed1" / "run"))
+    for step, (k1, k3, clipfrac) in enumerate([(-0.01, 0.002, 0.1), (0.03, 0.004, 0.3)], 1):
+        for tag, value in (("old_approx_kl", k1), ("approx_kl", k3), ("clipfrac", clipfrac)):
+            writer.add_scalar(f"losses/{tag}", value, 256 * step)
+        writer.add_scalar("charts/episodic_return", 10.0 * step, 256 * step)
+        writer.add_scalar("charts/SPS", 1000, 256 * step)
+    writer.close()
+    (run,) = epsilon_ablation.read_setting(bargs)
+    assert run["approx_kl"] == pytest.approx([0.002, 0.004]) and run["approx_kl_steps"] == [256, 512]
+    assert run["clipfrac"] == pytest.approx([0.1, 0.3]) and run["clipfrac_steps"] == [256, 512]
+
+
+kl_vs_collapse = load("rlhf_kl_vs_collapse")
+COLLAPSE_TAGS = ("objective/scores", "objective/kl", "losses/entropy", "val/distinct_2",
+                 "val/distinct_responses")
+
+
+def collapse_curves():
+    """Two seeds of 7 iterations for kl_coef 0 and 1; every tag of seed 1 is a, of seed 2 b."""
+    def run(a, b):
+        return {tag: np.array(a if i % 2 == 0 else b, dtype=float) for i, tag in enumerate(COLLAPSE_TAGS)}
+
+    return {0.0: [run([9, 9, 1, 2, 3, 4, 5], [0, 0, 1, 1, 1, 1, 1]),
+                  run([9, 9, 3, 4, 5, 6, 7], [0, 0, 2, 2, 3, 4, 4])],
+            1.0: [run([0, 0, 0, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1, 1]),
+                  run([0, 0, 0, 0, 0, 0, 2], [1, 1, 1, 1, 1, 1, 1])]}
+
+
+def test_kl_vs_collapse_curves_are_the_mean_and_range_over_seeds(tmp_path, monkeypatch):
+    figures, subplots = [], kl_vs_collapse.plt.subplots
+    monkeypatch.setattr(kl_vs_collapse.plt, "subplots",
+                        lambda *a, **kw: figures.append(subplots(*a, **kw)) or figures[-1])
+    curves = collapse_curves()
+    kl_vs_collapse.plot(curves, tmp_path / "c.png")
+    (fig, axes), = figures
+    kl_vs_collapse.plt.close(fig)
+    assert [ax.get_title().split(" ")[0] for ax in axes] == ["reward:", "KL", "policy", "distinct-2", "share"]
+    for ax, tag in zip(axes, COLLAPSE_TAGS):
+        for line, band, runs in zip(ax.get_lines(), ax.collections, curves.values()):
+            a, b = (run[tag] for run in runs)
+            x, y = line.get_data()
+            np.testing.assert_array_equal(x, np.arange(1, 8))  # iterations numbered from 1
+            np.testing.assert_allclose(y, [(p + q) / 2 for p, q in zip(a, b)])
+            vertices = band.get_paths()[0].vertices
+            for i, (p, q) in enumerate(zip(a, b), 1):  # the band spans the seeds' lowest and highest
+                at = vertices[np.isclose(vertices[:, 0], i), 1]
+                assert at.min() == pytest.approx(min(p, q)) and at.max() == pytest.approx(max(p, q))
+
+
+def test_kl_vs_collapse_table_is_the_mean_of_the_last_five_iterations_over_seeds(tmp_path):
+    args = kl_vs_collapse.Args(kl_coefs=[0.0, 1.0], seeds=[1, 2], iterations=7, out=str(tmp_path / "page"))
+
+    def final(reward, stop, distinct, distinct_2, bits, minutes):
+        return {"reward": reward, "ends_with_stop": stop, "distinct_responses": distinct,
+                "distinct_2_words": distinct_2, "ref_bits_per_char": bits, "minutes": minutes,
+                "samples": [("[p]", "a response")]}
+
+    finals = {0.0: [final(0.5, 1.0, 0.25, 0.4, 2.0, 1.0), final(0.7, 0.5, 0.75, 0.6, 3.0, 2.0)],
+              1.0: [final(0.1, 0.0, 1.0, 0.9, 1.5, 1.0), final(0.1, 0.0, 1.0, 0.9, 1.5, 1.0)]}
+    kl_vs_collapse.write_report(args, collapse_curves(), finals, final(-1.0, 0.0, 1.0, 0.95, 1.25, 0.0), 1.5,
+                                60.0, 1000)
+    page = (tmp_path / "page.md").read_text()
+    # kl_coef 0: scores of the last 5 iterations average 3 and 5, KL (seed 1: 1; seed 2: 3), entropy 3 and 5
+    assert ("| 0 | 4.000 ± 1.000 | 2.000 ± 1.000 | 4.000 ± 1.000 | 0.600 ± 0.100 | 0.750 ± 0.250 "
+            "| 0.500 ± 0.250 | 0.500 ± 0.100 | 2.500 ± 0.500 | 1.5 |") in page
+    # kl_coef 1: scores 0 and 0.4, KL 1 and 1
+    assert ("| 1 | 0.200 ± 0.200 | 1.000 ± 0.000 | 0.200 ± 0.200 | 0.100 ± 0.000 | 0.000 ± 0.000 "
+            "| 1.000 ± 0.000 | 0.900 ± 0.000 | 1.500 ± 0.000 | 1.0 |") in page
+    assert "| pretrained model | | | | -1.000 | 0.000 | 1.000 | 0.950 | 1.250 | |" in page
+    assert "final training loss 1.500 nats/char (2.16 bits/char)" in page
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Tiny matrices run fastest on one torch thread (as the script's main() runs them); restored after."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_kl_vs_collapse_final_policy_measures_by_hand(tiny, monkeypatch, one_torch_thread):
+    """sample_final_policy on the tiny GPT-2 with planted stop tokens: a "." at index 20, one too early (5)
+    then at 30, none, one at 16 (the first allowed), and a copy of the first response; the reward (length / 48
+    with a ".", else -1), the distinct shares and the reference's negative log-likelihood in bits per token,
+    worked out here with a plain forward pass of each unpadded prompt + response."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    rlhf = kl_vs_collapse.rlhf
+    tokenizer = AutoTokenizer.from_pretrained(tiny["policy"])
+    (stop,) = tokenizer.encode(".")
+    other = tokenizer.encode(" the")[0]
+    generate, planted = rlhf.generate, []
+
+    def generate_with_stops(*a, **kw):
+        responses, logprobs = generate(*a, **kw)
+        responses = responses.masked_fill(responses == stop, other)
+        for row, places in enumerate([[20], [5, 30], [], [16]]):
+            responses[row, places] = stop
+        responses[4] = responses[0]
+        planted.append(responses.clone())
+        return responses, logprobs
+
+    monkeypatch.setattr(rlhf, "generate", generate_with_stops)
+    prompts = ["The film was", "I think that", "A long story", "It is"]
+    got = kl_vs_collapse.sample_final_policy(tiny["policy"], tiny["policy"], prompts, 5)
+    (responses,) = planted
+    assert responses.shape == (5, 48)
+    ends = [21, 31, 48, 17, 21]  # tokens kept: up to and including the first "." at index 16 or later
+    stops = [True, True, False, True, True]
+    model = AutoModelForCausalLM.from_pretrained(tiny["policy"]).eval()
+    texts, nats, tokens = [], 0.0, 0
+    for i, end in enumerate(ends):
+        query = tokenizer(prompts[i % 4])["input_ids"]
+        response = responses[i, :end].tolist()
+        with torch.no_grad():
+            logits = model(torch.tensor([query + response])).logits[0, len(query) - 1 : -1].double()
+        nats -= logits.log_softmax(-1).gather(-1, torch.tensor(response)[:, None]).sum().item()
+        tokens += end
+        texts.append(tokenizer.decode(response, skip_special_tokens=True))
+    assert [text for _, text in got["samples"]] == texts
+    assert got["reward"] == pytest.approx(np.mean([len(t) / 48 if s else -1.0 for t, s in zip(texts, stops)]))
+    assert got["ends_with_stop"] == pytest.approx(4 / 5)
+    assert got["distinct_responses"] == pytest.approx(4 / 5)
+    bigrams = [pair for t in texts for pair in zip(t.split(), t.split()[1:])]
+    assert got["distinct_2_words"] == pytest.approx(len(set(bigrams)) / len(bigrams))
+    assert got["ref_bits_per_char"] == pytest.approx(nats / tokens / np.log(2), rel=1e-5)
 
 
 # ------------------------------------------------------------------------- rlhf_overoptimization (issue 31)

@@ -6,8 +6,10 @@ import pytest
 import torch
 
 import ppo_cartpole
-from conftest import (check_categorical_agent_by_hand, check_one_step_gae, check_ppo_update_wiring,
-                      check_same_step_autoreset, unusable_checkpoint, value_of, walker_agent_pt)
+from conftest import (check_categorical_agent_by_hand, check_checkpoint_plays_its_own_env,
+                      check_greedy_evaluation_draws_independent_episodes, check_logged_episodes,
+                      check_one_step_gae, check_ppo_update_wiring, check_same_step_autoreset,
+                      unusable_checkpoint, value_of, walker_agent_pt)
 
 SHARED_TAGS = [
     "charts/episodic_return",
@@ -616,3 +618,19 @@ def test_a_checkpoint_this_script_did_not_save_fails_fast(tmp_path, fails_fast, 
     path = unusable_checkpoint(kind, saved, walker_agent_pt(tmp_path / "walker"), tmp_path / "bad.pt")
     fails_fast(ppo_cartpole, small_args, dict(eval_checkpoint=str(path)),
                "--eval-checkpoint .* pass an agent.pt saved by ppo_cartpole.py --save-model")
+
+
+# ----------------------------------------------------------------------- issue 41: where a value can be wrong
+
+
+def test_evaluation_episodes_are_independent_draws_from_their_own_seeds():
+    check_greedy_evaluation_draws_independent_episodes(ppo_cartpole)
+
+
+def test_a_saved_agent_is_evaluated_on_its_own_env_and_the_run_logs_its_episodes(tmp_path, spy, read_events):
+    """On TinyDiscrete-v0 an episode's return (6 or 10) is not its length (3 or 4), and a saved agent cannot
+    be played on the default CartPole-v1."""
+    watch = spy(ppo_cartpole)
+    run = ppo_cartpole.main(tiny_args(tmp_path, save_model=True, eval_episodes=2))
+    check_logged_episodes(watch, read_events(run["run_dir"]), run)
+    check_checkpoint_plays_its_own_env(ppo_cartpole, watch, run, tmp_path)

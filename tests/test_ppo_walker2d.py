@@ -14,8 +14,9 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import ppo_walker2d as P
-from conftest import (cartpole_agent_pt, check_ppo_update_wiring, check_same_step_autoreset, mlp_by_hand,
-                      unusable_checkpoint, value_of)
+from conftest import (cartpole_agent_pt, check_logged_episodes, check_ppo_update_wiring,
+                      check_same_step_autoreset, mlp_by_hand, played_by_hand, tanh_mlp, unusable_checkpoint,
+                      value_of)
 
 torch.set_num_threads(1)
 
@@ -858,3 +859,58 @@ def test_a_checkpoint_this_script_did_not_save_fails_fast(tmp_path, fails_fast, 
     path = unusable_checkpoint(kind, saved, cartpole_agent_pt(tmp_path / "cartpole"), tmp_path / "bad.pt")
     fails_fast(P, small_args, dict(eval_checkpoint=str(path)),
                "--eval-checkpoint .* pass an agent.pt saved by ppo_walker2d.py --save-model")
+
+
+# ----------------------------------------------------------------------- issue 41: where a value can be wrong
+
+
+def test_evaluation_draws_independent_episodes_from_their_own_seeds():
+    # Walker2d-v5 starts each episode at a state drawn from its seed: episode i is the mean action's episode
+    # from seed 7 + i, the observations standardized here by the formula with the statistics given
+    torch.manual_seed(0)
+    agent, obs_rms = P.Agent(17, 6), P.RunningMeanStd(17)
+    obs_rms.update(np.random.default_rng(0).normal(size=(100, 17)))
+
+    def act(obs):
+        x = np.clip((obs - obs_rms.mean) / np.sqrt(obs_rms.var + 1e-8), -10.0, 10.0).astype(np.float32)
+        with torch.no_grad():
+            return np.clip(agent.mean_action(torch.as_tensor(x)).numpy(), -1.0, 1.0)
+
+    expected = played_by_hand("Walker2d-v5", [7, 8, 9], act)
+    assert P.evaluate(agent, obs_rms, 10.0, "Walker2d-v5", 3, 7, "cpu") == expected
+    assert len(set(expected)) == 3
+
+
+def test_a_saved_agent_is_evaluated_with_the_env_statistics_and_clip_saved_with_it(tmp_path, spy, read_events,
+                                                                                   monkeypatch):
+    """--eval-checkpoint with the evaluating command's defaults (Walker2d-v5, --obs-clip 10) plays the saved
+    agent on its own env (TinyBox-v0, which also takes a render_mode), its observations standardized with the
+    statistics of every raw observation of its training run and clipped at the run's --obs-clip 0.5; the run
+    logged its episodes' raw returns."""
+    watch = spy(P)
+    run = P.main(tiny_args(tmp_path, env_id="TinyBoxRenderMode-v0", obs_clip=0.5, save_model=True,
+                           eval_episodes=2))
+    check_logged_episodes(watch, read_events(run["run_dir"]), run)
+    trained = copy.deepcopy(watch.agent)  # before --eval-checkpoint builds another agent
+    mean, var = mean_and_variance(np.concatenate(watch.segments[0]["obs"]))
+    assert (np.abs((np.arange(4.0) - mean) / np.sqrt(var + 1e-8)) > 0.5).any()  # where the saved clip binds
+    inputs = {"by hand": [], "evaluated": []}
+
+    def act(obs):
+        x = np.clip((obs - mean) / np.sqrt(var + 1e-8), -0.5, 0.5)
+        inputs["by hand"].append(x)
+        return np.clip(tanh_mlp(trained.actor_mean, x), -1.0, 1.0)
+
+    expected = played_by_hand("TinyBoxRenderMode-v0", range(100_005, 100_008), act)
+    mean_action = P.Agent.mean_action
+
+    def recording_mean_action(self, x):
+        inputs["evaluated"].append(x.numpy().copy())
+        return mean_action(self, x)
+
+    monkeypatch.setattr(P.Agent, "mean_action", recording_mean_action)
+    args = P.Args(eval_checkpoint=os.path.join(run["run_dir"], "agent.pt"), eval_episodes=3, seed=5,
+                  cuda=False)
+    assert (args.env_id, args.obs_clip) == ("Walker2d-v5", 10.0)
+    assert P.main(args)["eval_returns"] == expected
+    np.testing.assert_allclose(np.stack(inputs["evaluated"]), np.stack(inputs["by hand"]), rtol=0, atol=1e-6)

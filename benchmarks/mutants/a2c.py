@@ -108,4 +108,11 @@ MUTANTS = [
     ("main: --norm-adv scales the advantages without centering them",
      "b_advantages = (b_advantages - b_advantages.mean()) / (b_advantages.std() + 1e-8)",
      "b_advantages = b_advantages / (b_advantages.std() + 1e-8)"),
+    # issue 41: values checked where they can be wrong, written before their tests (no selector)
+    ("issue41: the episode's length logged as its return (on CartPole the same: every step pays 1)",
+     'episodic_return = float(infos["episode"]["r"][i])',
+     'episodic_return = float(infos["episode"]["l"][i])'),
+    ("issue41: --eval-checkpoint plays the env of the evaluating command's --env-id, not the saved agent's",
+     'eval_returns = evaluate(agent, checkpoint["env_id"], args.eval_episodes, args.seed + 100_000, device)',
+     'eval_returns = evaluate(agent, args.env_id, args.eval_episodes, args.seed + 100_000, device)'),
 ]

@@ -105,4 +105,11 @@ MUTANTS = [
     ("main: returns flattened env by env while the other arrays go step by step",
      "b_returns = to_torch(returns.reshape(-1))",
      "b_returns = to_torch(returns.swapaxes(0, 1).reshape(-1))"),
+    # issue 41: values checked where they can be wrong, written before their tests (no selector)
+    ("issue41: the ratio's old log-probabilities from the current policy, not the rollout's stored ones",
+     "newlogprob, b_logprobs[mb_inds], mb_advantages, args.clip_coef",
+     "newlogprob, newlogprob.detach(), mb_advantages, args.clip_coef"),
+    ("issue41: --eval-checkpoint plays the env of the evaluating command's --env-id, not the saved agent's",
+     'eval_returns = evaluate(agent, checkpoint["env_id"], args.eval_episodes, args.seed + 100_000, device)',
+     'eval_returns = evaluate(agent, args.env_id, args.eval_episodes, args.seed + 100_000, device)'),
 ]

@@ -109,4 +109,11 @@ MUTANTS = [
     ("main: the update normalizes the stored (already normalized) observations again",
      "b_obs = to_torch(obs.reshape((-1, obs_dim)))",
      "b_obs = to_torch(normalize_obs(obs, obs_rms, args.obs_clip).reshape((-1, obs_dim)))"),
+    # issue 41: values checked where they can be wrong, written before their tests (no selector)
+    ("issue41: --eval-checkpoint clips the normalized observations at the evaluating command's --obs-clip",
+     'evaluate(agent, obs_rms, checkpoint["obs_clip"], checkpoint["env_id"],',
+     'evaluate(agent, obs_rms, args.obs_clip, checkpoint["env_id"],'),
+    ("issue41: every evaluation episode played from the same seed (one episode repeated, not new draws)",
+     "obs, _ = env.reset(seed=seed + episode)",
+     "obs, _ = env.reset(seed=seed)"),
 ]

@@ -90,4 +90,8 @@ MUTANTS = [
     ("main: every batch reset with the same seed (the same start states each batch)",
      "next_obs, _ = envs.reset(seed=args.seed if iteration == 1 else None)",
      "next_obs, _ = envs.reset(seed=args.seed)"),
+    # issue 41: values checked where they can be wrong, written before their tests (no selector)
+    ("issue41: every evaluation episode played from the same seed (one episode repeated, not new draws)",
+     "obs, _ = env.reset(seed=seed + episode)",
+     "obs, _ = env.reset(seed=seed)"),
 ]

@@ -1,0 +1,80 @@
+"""Breakages of the experiments/ scripts that tests/test_experiments.py must catch, in mutation_check.py's
+format, and the command that runs them (mutation_check.py itself takes only the top-level scripts: it copies
+the top-level files, tests/ and docs/, and names a script by its stem; the leading "_" keeps this file out of
+its lists).
+
+    python benchmarks/mutants/_experiments.py [--mutants TEXT] [--jobs N] [--list]
+
+runs mutation_check.py's own loop over the mutants below, in copies of the repository that also hold
+experiments/*.py and benchmarks/*.py (what the experiments import), not experiments/runs/ or benchmarks/runs/.
+Each entry is (name, text found exactly once in the script, its replacement, pytest -k selector): the selector
+leaves out the tests of experiments/rlhf_overoptimization.py and of benchmarks/preference_baselines.py, which
+these scripts do not reach."""
+
+import shutil
+import sys
+from pathlib import Path
+
+TEST_FILE = "tests/test_experiments.py"
+SELECTOR = "not overopt and not preference"
+
+MUTANTS_BY_SCRIPT = {
+    # issue 41: values checked where they can be wrong, written before their tests
+    "experiments/clip_objective": [
+        ("issue41: every epoch's zero-gradient fraction against the first epoch's (shuffled) advantages",
+         "adv = np.concatenate([a for _, a in calls[start : start + num_minibatches]])",
+         "adv = np.concatenate([a for _, a in calls[:num_minibatches]])",
+         SELECTOR),
+    ],
+    "experiments/epsilon_ablation": [
+        ("issue41: the spread of approx_kl over seeds written as a variance beside its '±' (a std is meant)",
+         "{np.mean(kl):.4f} ± {np.std(kl):.4f}",
+         "{np.mean(kl):.4f} ± {np.var(kl):.4f}",
+         SELECTOR),
+        ("issue41: the mean curves run to the longest run's last step, holding the shorter runs' last value",
+         "end = min(max(r[x_key]) for r in runs)",
+         "end = max(max(r[x_key]) for r in runs)",
+         SELECTOR),
+    ],
+    "experiments/rlhf_kl_vs_collapse": [
+        ("issue41: the reference NLL reported in nats in the bits-per-character column",
+         '"ref_bits_per_char": (-ref_logprobs[mask].mean() / np.log(2)).item(),',
+         '"ref_bits_per_char": (-ref_logprobs[mask].mean()).item(),',
+         SELECTOR),
+        ("issue41: the table's 'last 5 iterations' is the fifth-last iteration alone",
+         "last = {tag: [run[tag][-5:].mean() for run in runs] for tag in",
+         "last = {tag: [run[tag][-5].mean() for run in runs] for tag in",
+         SELECTOR),
+    ],
+}
+MUTANTS = [entry for entries in MUTANTS_BY_SCRIPT.values() for entry in entries]
+
+
+def main() -> int:
+    root = Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(root / "benchmarks"))
+    import mutation_check
+
+    copy_top_level = mutation_check.copy_repository
+
+    def copy_repository(dest: Path) -> None:
+        copy_top_level(dest)
+        for folder in ("experiments", "benchmarks"):  # their code only: no runs, results or mutant lists
+            (dest / folder).mkdir()
+            for path in (root / folder).glob("*.py"):
+                shutil.copy2(path, dest / folder / path.name)
+
+    def load_mutants(scripts):
+        chosen = scripts or list(MUTANTS_BY_SCRIPT)
+        unknown = sorted(set(chosen) - set(MUTANTS_BY_SCRIPT))
+        if unknown:
+            sys.exit(f"error: no mutants of {unknown}; there are {sorted(MUTANTS_BY_SCRIPT)}")
+        return [mutation_check.Mutant(script, TEST_FILE, *entry) for script in chosen
+                for entry in MUTANTS_BY_SCRIPT[script]]
+
+    mutation_check.copy_repository, mutation_check.load_mutants = copy_repository, load_mutants
+    return mutation_check.main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
