@@ -735,12 +735,25 @@ def load_reward_fn(args: Args, device: torch.device):
         # The reward model reads plain detokenized text, without special tokens, so EOS is a safe pad here.
         reward_tokenizer.pad_token = reward_tokenizer.eos_token
     reward_model.config.pad_token_id = reward_tokenizer.pad_token_id
+    # reward_model_gpt2.py's readout: the score at an end token appended to every text, so that it is read
+    # at the same kind of position whether or not the response ended; found from the attention mask, as
+    # that end token may also be the pad token (which transformers' own readout would skip)
+    end_token = getattr(reward_model.config, "reward_end_token", None)
 
     @torch.inference_mode()
     def reward_fn(texts: list[str], responses: list[str]) -> torch.Tensor:
         # The reward model reads the text with its own tokenizer, not the policy's token ids.
-        inputs = reward_tokenizer(texts, padding=True, truncation=True, return_tensors="pt").to(device)
-        return reward_model(**inputs).logits[:, label].float() + reward_bias
+        if end_token is None:
+            inputs = reward_tokenizer(texts, padding=True, truncation=True, return_tensors="pt").to(device)
+            return reward_model(**inputs).logits[:, label].float() + reward_bias
+        inputs = reward_tokenizer([t + end_token for t in texts], padding=True, truncation=True,
+                                  return_tensors="pt").to(device)
+        mask = inputs["attention_mask"].bool()
+        hidden = reward_model.base_model(input_ids=inputs["input_ids"], attention_mask=mask,
+                                         position_ids=(mask.cumsum(1) - 1).clamp(min=0)).last_hidden_state
+        last = (torch.arange(mask.shape[1], device=device) * mask).argmax(1)  # the end token, either padding
+        scores = reward_model.score(hidden[torch.arange(len(hidden), device=device), last])[:, 0]
+        return scores.float() + reward_bias
 
     return reward_fn
 

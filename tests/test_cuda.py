@@ -9,11 +9,13 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import a2c
+import grpo_gpt2 as grpo
 import ppo_cartpole
 import ppo_rlhf_gpt2 as rlhf
 import ppo_walker2d
 import reinforce
-from test_ppo_rlhf_gpt2 import tiny, tiny_args  # noqa: F401  (tiny is a fixture: the tiny GPT-2 models)
+from test_grpo_gpt2 import tiny_args as grpo_tiny_args
+from test_ppo_rlhf_gpt2 import tiny_args
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -53,7 +55,7 @@ def test_a_seed_gives_the_same_run_twice_on_the_gpu(module, tmp_path):
 
 
 @pytest.mark.parametrize("reward", ["model", "vader"])
-def test_rlhf_trains_on_the_gpu_and_its_saved_policy_loads_on_the_cpu(tiny, tmp_path, reward):  # noqa: F811
+def test_rlhf_trains_on_the_gpu_and_its_saved_policy_loads_on_the_cpu(tiny, tmp_path, reward):
     overrides = dict(reward_model="vader") if reward == "vader" else {}
     result = on_the_gpu(lambda: rlhf.main(tiny_args(tiny, tmp_path, cuda=True, save_model=True, **overrides)))
     for tag in ("objective/scores", "objective/kl", "losses/policy_loss", "losses/value_loss"):
@@ -63,3 +65,15 @@ def test_rlhf_trains_on_the_gpu_and_its_saved_policy_loads_on_the_cpu(tiny, tmp_
     assert next(saved.parameters()).device.type == "cpu"
     changed = [not torch.equal(p, q) for p, q in zip(saved.parameters(), initial.parameters())]
     assert any(changed)  # the saved policy is the trained one
+
+
+@pytest.mark.parametrize("beta", [0.04, 0.0])
+def test_grpo_trains_on_the_gpu_and_its_saved_policy_loads_on_the_cpu(tiny, tmp_path, beta):
+    result = on_the_gpu(lambda: grpo.main(grpo_tiny_args(tiny, tmp_path, cuda=True, save_model=True, beta=beta,
+                                                         reward_model="vader", missing_eos_penalty=None)))
+    for tag in ("objective/scores", "losses/policy_loss", "losses/approx_kl"):
+        assert np.isfinite(result[tag]), tag
+    assert ("objective/kl" in result) == (beta > 0)
+    saved = AutoModelForCausalLM.from_pretrained(os.path.join(result["run_dir"], "model"))
+    initial = AutoModelForCausalLM.from_pretrained(tiny["policy"])
+    assert any(not torch.equal(p, q) for p, q in zip(saved.parameters(), initial.parameters()))

@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from transformers import AutoModelForCausalLM, GPT2LMHeadModel
+from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel
 
 import grpo_gpt2 as grpo
+
+EOS = "<|endoftext|>"
 
 
 def tiny_args(tiny, tmp_path, **overrides) -> grpo.Args:
@@ -499,3 +501,28 @@ def test_ctrl_c_while_saving_closes_the_logs(tiny, tmp_path, monkeypatch):
     except KeyboardInterrupt:
         pytest.fail("a Ctrl-C while saving escaped main() instead of ending the run cleanly")
     assert len(read_scalars(stats["run_dir"])["objective/scores"]) == 2
+
+
+def test_reward_model_folder_with_an_end_token_is_read_at_that_token(tiny, tmp_path):
+    """A reward_model_gpt2.py folder whose config names reward_end_token: every text gets that token appended
+    and is scored there, also where the end token is the pad token (transformers' own readout would then
+    skip it and read the token before), plus config.reward_bias; texts of different lengths, padded."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny["policy"])
+    tokenizer.pad_token, tokenizer.padding_side = EOS, "right"
+    torch.manual_seed(3)
+    model = GPT2ForSequenceClassification(GPT2Config(vocab_size=len(tokenizer), n_positions=128, n_embd=32,
+                                                     n_layer=1, n_head=2, num_labels=1,
+                                                     pad_token_id=tokenizer.pad_token_id)).eval()
+    model.config.reward_end_token, model.config.reward_bias = EOS, 0.5
+    model.save_pretrained(tmp_path / "rm")
+    tokenizer.save_pretrained(tmp_path / "rm")
+    texts = ["This movie was great.", "The acting in this one is bad, and the plot of this movie is worse."]
+    reward_fn = grpo.load_reward_fn(grpo.Args(reward_model=str(tmp_path / "rm")), torch.device("cpu"))
+    scores = reward_fn(texts, ["", ""])
+    for text, score in zip(texts, scores.tolist()):
+        ids = tokenizer(text + EOS, return_tensors="pt")["input_ids"]  # alone: no padding
+        assert ids[0, -1].item() == tokenizer.eos_token_id
+        with torch.no_grad():
+            hidden = model.transformer(input_ids=ids).last_hidden_state[0]
+            at_end, before = (model.score(hidden[i]).item() + 0.5 for i in (-1, -2))
+        assert score == pytest.approx(at_end, abs=1e-5) and abs(score - before) > 1e-4

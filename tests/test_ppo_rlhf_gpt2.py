@@ -500,6 +500,31 @@ def test_ctrl_c_while_saving_closes_the_logs(tiny, tmp_path, monkeypatch):
     assert len(scores) == 2 and scores[-1] == pytest.approx(stats["objective/scores"])
 
 
+def test_reward_model_folder_with_an_end_token_is_read_at_that_token(tiny, tmp_path):
+    """A reward_model_gpt2.py folder whose config names reward_end_token: every text gets that token appended
+    and is scored there, also where the end token is the pad token (transformers' own readout would then
+    skip it and read the token before), plus config.reward_bias; texts of different lengths, padded."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny["policy"])
+    tokenizer.pad_token, tokenizer.padding_side = EOS, "right"
+    torch.manual_seed(3)
+    model = GPT2ForSequenceClassification(GPT2Config(vocab_size=len(tokenizer), n_positions=128, n_embd=32,
+                                                     n_layer=1, n_head=2, num_labels=1,
+                                                     pad_token_id=tokenizer.pad_token_id)).eval()
+    model.config.reward_end_token, model.config.reward_bias = EOS, 0.5
+    model.save_pretrained(tmp_path / "rm")
+    tokenizer.save_pretrained(tmp_path / "rm")
+    texts = ["This movie was great.", "The acting in this one is bad, and the plot of this movie is worse."]
+    reward_fn = rlhf.load_reward_fn(rlhf.Args(reward_model=str(tmp_path / "rm")), torch.device("cpu"))
+    scores = reward_fn(texts, ["", ""])
+    for text, score in zip(texts, scores.tolist()):
+        ids = tokenizer(text + EOS, return_tensors="pt")["input_ids"]  # alone: no padding
+        assert ids[0, -1].item() == tokenizer.eos_token_id
+        with torch.no_grad():
+            hidden = model.transformer(input_ids=ids).last_hidden_state[0]
+            at_end, before = (model.score(hidden[i]).item() + 0.5 for i in (-1, -2))
+        assert score == pytest.approx(at_end, abs=1e-5) and abs(score - before) > 1e-4
+
+
 def test_vader_reward():
     reward_fn = rlhf.load_reward_fn(rlhf.Args(reward_model="vader"), torch.device("cpu"))
     scores = reward_fn(["This movie was wonderful, I loved it.", "This movie was terrible and boring."],
