@@ -8,6 +8,7 @@ sampled response each, every 2 iterations of 64 completions. The methods (METHOD
     ppo:     ppo_rlhf_gpt2.py with the flags of docs/results/rlhf_arithmetic.md (its defaults otherwise)
     grpo:    grpo_gpt2.py with its defaults: the original GRPO (per-response mean, std scaling, k3 at 0.04)
     dr_grpo: grpo_gpt2.py --loss-type dr_grpo --scale-rewards none --beta 0 (no reference model)
+    grpo_ppo_update: GRPO's defaults with PPO's update: --num-iterations 4 --num-minibatches 4, lr 1.41e-5
 
 Each run is the script itself in a subprocess (one torch thread), so that its peak resident memory is its own
 (os.wait4); runs go side by side, --jobs at a time, so that their wall-clock times compare. Subcommands:
@@ -22,7 +23,6 @@ hand-written reading below a line `<!-- reading -->` in the .md is kept.
 import argparse
 import json
 import os
-import resource
 import shlex
 import subprocess
 import sys
@@ -44,8 +44,12 @@ METHODS = {
     "ppo": "ppo_rlhf_gpt2.py",
     "grpo": "grpo_gpt2.py",
     "dr_grpo": "grpo_gpt2.py --loss-type dr_grpo --scale-rewards none --beta 0",
+    # GRPO with PPO's update: 4 passes over 4 minibatches a batch (16 steps, PPO's) at PPO's learning rate
+    "grpo_ppo_update": "grpo_gpt2.py --num-iterations 4 --num-minibatches 4 --gradient-accumulation-steps 1 "
+                       "--learning-rate 1.41e-5",
 }
-LABELS = {"ppo": "PPO", "grpo": "GRPO", "dr_grpo": "Dr. GRPO"}
+LABELS = {"ppo": "PPO", "grpo": "GRPO", "dr_grpo": "Dr. GRPO", "grpo_ppo_update": "GRPO, PPO's update"}
+RUNS = "experiments/runs/ppo_vs_grpo"
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 
@@ -158,7 +162,8 @@ def summarize(records: list[dict], scalars_of) -> dict:
         scalars = scalars_of(record["run_dir"])
         curves = run_curves(scalars, 64)
         methods.setdefault(record["method"], []).append({
-            "seed": record["seed"], "command": record["command"], **curves,
+            "seed": record["seed"], "command": record["command"], "date": record["date"],
+            "commit": record["commit"], **curves,
             "peak_rss_gb": record["peak_rss_gb"], "wall_s": record["wall_s"],
             "train_s": curves["seconds"][-1],
             "length_right": last_mean(scalars, "val/length_right", 2),
@@ -200,7 +205,8 @@ def write_report(methods: dict, out: Path) -> str:
     ppo_rss = np.mean([r["peak_rss_gb"] for r in ppo]) if ppo else float("nan")
     lines = ["# PPO against GRPO at an equal budget: two-digit sums, SmolLM2-135M-Instruct (Q4_1 GGUF)", "",
              f"Written by `python experiments/ppo_vs_grpo.py report` from {len(runs)} runs of `python "
-             f"experiments/ppo_vs_grpo.py run` (dates: {', '.join(sorted({r['date'] for r in records_of(runs)}))}).",
+             f"experiments/ppo_vs_grpo.py run` (on {', '.join(sorted({r['date'] for r in runs}))}, code of commits "
+             f"{', '.join(sorted({r['commit'] for r in runs}))}), one torch thread each, two runs at a time.",
              "", f"![held-out accuracy against completions and training time]({out.name}.png)", "",
              "## Held-out accuracy (256 distinct problems, one sampled response each)", "",
              "| method | seed | " + " | ".join(f"{c} completions" for c in next(iter(methods.values()))[0][
@@ -233,7 +239,9 @@ def write_report(methods: dict, out: Path) -> str:
             if method != "ppo":
                 d, h = difference_interval([r["accuracy"][-1] for r in seeds], [r["accuracy"][-1] for r in ppo])
                 lines.append(f"- {LABELS[method]} - PPO: {d:+.1%} ± {h:.1%}")
-    lines += ["", "## Commands", ""] + [f"- `{run['command']}`" for run in runs]
+    lines += ["", "## Commands", "", "Each run's command, as the harness ran it (with `--runs` at its default):", ""]
+    lines += [f"- `{shlex.join(command_of(method, run['seed'], RUNS))}`" for method, seeds in methods.items()
+              for run in seeds]
     text = "\n".join(lines) + "\n"
     md = Path(f"{out}.md")
     if md.exists() and "<!-- reading -->" in md.read_text():
@@ -243,10 +251,6 @@ def write_report(methods: dict, out: Path) -> str:
     return text
 
 
-def records_of(runs: list[dict]) -> list[dict]:
-    return [{"date": run.get("date", "")} for run in runs]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="subcommand", required=True)
@@ -254,10 +258,10 @@ def main() -> None:
     run.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     run.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     run.add_argument("--jobs", type=int, default=2, help="runs at a time (at most one per idle core)")
-    run.add_argument("--runs", default="experiments/runs/ppo_vs_grpo", help="runs folder and records.jsonl")
+    run.add_argument("--runs", default=RUNS, help="runs folder and records.jsonl")
     run.add_argument("--common", default=COMMON, help="the flags every method gets")
     report = sub.add_parser("report", help="write the results page from the records")
-    report.add_argument("--runs", default="experiments/runs/ppo_vs_grpo")
+    report.add_argument("--runs", default=RUNS)
     report.add_argument("--out", default="docs/results/ppo_vs_grpo")
     args = parser.parse_args()
     runs = (ROOT / args.runs).resolve()

@@ -550,3 +550,64 @@ def test_preference_baselines_learn_a_word_preference_and_report_the_gold_labele
     assert f"gold labeler: {expected_gold:.3f}" in out
     assert "bag of words, 8 training comparisons" in out
     assert "bag of words, 30 training comparisons: l2 0.1: 1.000" in out
+
+
+# ---------------------------------------------------------------------------------------------- ppo_vs_grpo
+
+
+def test_ppo_vs_grpo_curves_count_completions_and_training_seconds_by_hand():
+    pvg = load("ppo_vs_grpo")
+    # 4 iterations; evaluations before training (step 0) and after iterations 2 and 4
+    scalars = {"time/rollout": [(1, 10.0), (2, 11.0), (3, 12.0), (4, 13.0)],
+               "time/update": [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0)],
+               "eval/accuracy": [(0, 0.1), (2, 0.3), (4, 0.5)]}
+    curves = pvg.run_curves(scalars, 64)
+    assert curves["completions"] == [0, 128, 256]
+    assert curves["seconds"] == [0.0, 11 + 13, 11 + 13 + 15 + 17]  # rollout + update of iterations 1..i
+    assert curves["accuracy"] == [0.1, 0.3, 0.5]
+
+
+def test_ppo_vs_grpo_intervals_by_hand():
+    pvg = load("ppo_vs_grpo")
+    mean, half, std = pvg.mean_interval([0.5, 0.6, 0.7])
+    assert mean == pytest.approx(0.6) and std == pytest.approx(0.1)
+    assert half == pytest.approx(4.303 * 0.1 / 3 ** 0.5)  # t with 2 degrees of freedom
+    assert pvg.mean_interval([0.4]) == (0.4, 0.0, 0.0)
+    # Welch: equal variances 0.01 and 3 seeds each: se = sqrt(0.01/3 + 0.01/3), dof = 4, t = 2.776
+    d, h = pvg.difference_interval([0.5, 0.6, 0.7], [0.3, 0.4, 0.5])
+    assert d == pytest.approx(0.2) and h == pytest.approx(2.776 * (0.02 / 3) ** 0.5)
+    # unequal variances: dof from the Welch-Satterthwaite formula, t interpolated in the table
+    a, b = [0.5, 0.6, 0.7], [0.40, 0.41, 0.42]
+    va, vb = 0.01 / 3, 0.0001 / 3
+    dof = (va + vb) ** 2 / (va**2 / 2 + vb**2 / 2)
+    assert 2 < dof < 3
+    t = 4.303 + (dof - 2) * (3.182 - 4.303)
+    assert pvg.difference_interval(a, b)[1] == pytest.approx(t * (va + vb) ** 0.5)
+    assert pvg.last_mean({"x": [(1, 1.0), (2, float("nan")), (3, 3.0)]}, "x", 2) == 3.0
+    assert np.isnan(pvg.last_mean({"x": [(1, float("nan"))]}, "x", 2)) and np.isnan(pvg.last_mean({}, "x", 2))
+
+
+def test_ppo_vs_grpo_report_from_two_fake_runs(tmp_path):
+    """summarize() and write_report() on two runs of made-up logs: the table rows, ratios to PPO and the
+    difference interval are those of the numbers given."""
+    pvg = load("ppo_vs_grpo")
+    logs = {}
+    for method, seed, acc, secs in [("ppo", 1, [0.1, 0.5], 10.0), ("ppo", 2, [0.1, 0.7], 10.0),
+                                    ("grpo", 1, [0.1, 0.4], 2.0), ("grpo", 2, [0.1, 0.6], 3.0)]:
+        logs[f"{method}{seed}"] = {"time/rollout": [(1, secs), (2, secs)], "time/update": [(1, 0.0), (2, 0.0)],
+                                   "eval/accuracy": [(0, acc[0]), (2, acc[1])],
+                                   "val/length_right": [(1, 3.0), (2, 4.0)], "val/length_wrong": [(1, 5.0), (2, 7.0)]}
+    records = [{"method": m, "seed": s, "command": "c", "run_dir": f"{m}{s}", "peak_rss_gb": gb, "wall_s": w,
+                "commit": "abc", "date": "2026-11-25"}
+               for m, s, gb, w in [("ppo", 1, 6.0, 100.0), ("ppo", 2, 6.0, 100.0), ("grpo", 1, 3.0, 30.0),
+                                   ("grpo", 2, 3.0, 50.0)]]
+    methods = pvg.summarize(records, logs.__getitem__)
+    assert [r["train_s"] for r in methods["grpo"]] == [4.0, 6.0]
+    assert methods["ppo"][0]["length_right"] == 3.5 and methods["ppo"][0]["length_wrong"] == 6.0
+    text = pvg.write_report(methods, tmp_path / "page")
+    assert "| GRPO | 1 | 10.0% | 40.0% |" in text
+    assert "| PPO | mean ± 95% | 10.0% ± 0.0% | 60.0% ± " in text
+    # training minutes 5 / 20 = 25% of PPO's, wall 40 / 100 s, peak memory half
+    assert "| GRPO | 0.1 | 25% | 0.7 | 40% | 3.00 | 50% | 3.50 / 6.00 |" in text
+    assert "- GRPO - PPO: -10.0% ± " in text
+    assert (tmp_path / "page.png").exists() and json.loads((tmp_path / "page.json").read_text())["ppo"]
