@@ -614,7 +614,7 @@ def main(args: Args) -> dict:
     try:
         if args.save_model and args.rank == 0:
             model_path = os.path.join(run_dir, "model")
-            save_policy(policy, args.model_name, model_path)
+            save_policy(policy, args.model_name, model_path, args)
             print(f"policy saved to {model_path}")
         if args.eval_episodes > 0 and not interrupted and args.rank == 0:
             held_out_evaluation(policy, "final", iteration)
@@ -687,6 +687,7 @@ def print_held_out_summary(eval_stats: dict, args: Args) -> None:
 
 def evaluate_checkpoint(args: Args, device: torch.device) -> dict:
     """--eval-checkpoint: score a saved policy on the held-out prompts; nothing is trained or written."""
+    use_saved_sampling(args)  # the sampling settings saved with the policy, not the command's
     tokenizer, _, stop_token_id = load_tokenizer(args.eval_checkpoint, args.stop_token, "--eval-checkpoint")
     policy = load_policy(args.eval_checkpoint, device, "--eval-checkpoint")
     eval_stats = {}
@@ -820,8 +821,10 @@ def check_saved_policy(path: str) -> None:
     try:
         if not weights or not {"config.json", "tokenizer_config.json"} <= set(files):
             raise ValueError("it needs config.json, tokenizer_config.json and .safetensors weights")
-        with open(os.path.join(path, "config.json")) as f:
-            json.load(f)
+        for settings in ("config.json", "sampling.json"):
+            if settings in files:
+                with open(os.path.join(path, settings)) as f:
+                    json.load(f)
         for weights_file in weights:
             with safe_open(weights_file, "pt"):  # fails if the file is shorter than its header says
                 pass
@@ -954,15 +957,35 @@ def load_reward_fn(args: Args, device: torch.device):
     return reward_fn
 
 
-def save_policy(policy: nn.Module, model_name: str, path: str) -> None:
+SAMPLING = ("temperature", "response_length", "min_response_length", "stop_token", "max_query_length")
+
+
+def save_policy(policy: nn.Module, model_name: str, path: str, args: Args | None = None) -> None:
     """save_pretrained, with a tokenizer that plain `from_pretrained` + `generate` can use as it is: the
-    original one, left padding, and a pad id the model can embed (EOS, if it has no pad token)."""
+    original one, left padding, and a pad id the model can embed (EOS, if it has no pad token); and the
+    settings the policy was trained to sample with (sampling.json), which --eval-checkpoint uses."""
     tokenizer = from_pretrained(AutoTokenizer, model_name, "--model-name", padding_side="left")
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     policy.generation_config.pad_token_id = tokenizer.pad_token_id
     policy.save_pretrained(path)
     tokenizer.save_pretrained(path)
+    if args is not None:
+        with open(os.path.join(path, "sampling.json"), "w") as f:
+            json.dump({name: getattr(args, name) for name in SAMPLING}, f)
+
+
+def use_saved_sampling(args: Args) -> None:
+    """--eval-checkpoint: sample as the policy was trained to (its sampling.json), whatever the flags say."""
+    path = os.path.join(os.path.expanduser(args.eval_checkpoint), "sampling.json")
+    if not os.path.isfile(path):  # saved by an older version, or by something else
+        return
+    with open(path) as f:
+        for name, value in json.load(f).items():
+            if name in SAMPLING and getattr(args, name) != value:
+                print(f"--eval-checkpoint: --{name.replace('_', '-')} {value}, as saved with the policy "
+                      f"(not {getattr(args, name)})")
+                setattr(args, name, value)
 
 
 def arithmetic_problems(digits: int, held_out: bool) -> list[str]:

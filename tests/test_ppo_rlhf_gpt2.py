@@ -1453,3 +1453,26 @@ def test_arithmetic_split_is_the_published_one_and_three_digits_start_at_100():
     held_out = rlhf.arithmetic_problems(3, held_out=True)
     operands = [int(p.split()[i].rstrip("?")) for p in held_out for i in (2, 4)]
     assert min(operands) == 100 and max(operands) == 999
+
+
+def test_eval_checkpoint_samples_with_the_settings_saved_with_the_policy(tiny, tmp_path, capsys):
+    """A policy trained to sample 5 tokens at temperature 1.3, ending at EOS from token 2 on, then evaluated
+    by a command with other sampling flags: the evaluation samples as the policy was trained to (the same
+    responses and scores as the training run's own final evaluation), and says which flags it overrode."""
+    trained = dict(response_length=5, min_response_length=2, temperature=1.3, stop_token="eos",
+                   max_query_length=12)
+    stats = rlhf.main(tiny_args(tiny, tmp_path / "train", save_model=True, eval_episodes=6, **trained))
+    model_dir = Path(stats["run_dir"]) / "model"
+    assert json.loads((model_dir / "sampling.json").read_text()) == trained
+    capsys.readouterr()
+    again = rlhf.main(tiny_args(tiny, tmp_path / "eval", eval_checkpoint=str(model_dir), eval_episodes=6))
+    final = stats["eval"]["final"]
+    assert again["eval"]["final"]["samples"] == final["samples"]
+    assert again["eval"]["final"]["raw_scores"] == final["raw_scores"]
+    printed = capsys.readouterr().out
+    for flag, value in [("--response-length", 5), ("--temperature", 1.3), ("--stop-token", "eos"),
+                        ("--min-response-length", 2), ("--max-query-length", 12)]:
+        assert f"{flag} {value}, as saved with the policy" in printed
+    (model_dir / "sampling.json").write_text("{not json")
+    with pytest.raises(SystemExit, match="--eval-checkpoint .*: not a policy saved by --save-model"):
+        rlhf.main(tiny_args(tiny, tmp_path / "bad", eval_checkpoint=str(model_dir)))
