@@ -659,17 +659,19 @@ def evaluate(policy, eval_prompts, tokenizer, stop_token_id: int, reward_fn, arg
     def mean_and_stderr(x):
         return x.mean().item(), (x.std() / len(x) ** 0.5).item() if len(x) > 1 else 0.0
 
-    result = {"stop_share": contain_stop.mean().item(), "raw_scores": raw_scores.tolist(), "samples": samples}
-    result["raw_score_mean"], result["raw_score_stderr"] = mean_and_stderr(raw_scores)
+    # means over the distinct prompts, the unit that varies (a prompt asked several times counts once, with
+    # the mean of its responses), and standard errors over them; the verifier's accuracy: each problem's share
+    # of right answers (0 or 1 when it is asked once)
+    per_prompt = {}
+    for (prompt, _), score in zip(samples, raw_scores.tolist()):
+        per_prompt.setdefault(prompt, []).append(score)
+    result = {"stop_share": contain_stop.mean().item(), "raw_scores": raw_scores.tolist(), "samples": samples,
+              "prompts": len(per_prompt)}
+    prompt_means = torch.tensor([sum(scores) / len(scores) for scores in per_prompt.values()])
+    result["raw_score_mean"], result["raw_score_stderr"] = mean_and_stderr(prompt_means)
     if args.reward_model == "arithmetic":
-        # accuracy counted over problems: each problem's share of right answers (0 or 1 when it is asked
-        # once), then the mean and its standard error over the distinct problems, the unit that varies
-        right = {}
-        for (prompt, _), score in zip(samples, raw_scores.tolist()):
-            right.setdefault(prompt, []).append(float(score > 0))
-        per_problem = torch.tensor([sum(r) / len(r) for r in right.values()])
-        result["accuracy"], result["accuracy_stderr"] = mean_and_stderr(per_problem)
-        result["problems"] = len(right)
+        right = torch.tensor([sum(s > 0 for s in scores) / len(scores) for scores in per_prompt.values()])
+        result["accuracy"], result["accuracy_stderr"] = mean_and_stderr(right)
     return result
 
 
@@ -682,7 +684,7 @@ def print_held_out_summary(eval_stats: dict, args: Args) -> None:
         before, after = eval_stats["initial" + mode], eval_stats["final" + mode]
         print(f"held-out accuracy{mode.replace('_', ', ')}: {before['accuracy']:.1%} +- "
               f"{before['accuracy_stderr']:.1%} -> {after['accuracy']:.1%} +- {after['accuracy_stderr']:.1%} "
-              f"(standard error over {after['problems']} problems)")
+              f"(standard error over {after['prompts']} problems)")
 
 
 def evaluate_checkpoint(args: Args, device: torch.device) -> dict:
@@ -695,11 +697,11 @@ def evaluate_checkpoint(args: Args, device: torch.device) -> dict:
         eval_prompts = load_prompts(args)[1]
         result = evaluate(policy, eval_prompts, tokenizer, stop_token_id, load_reward_fn(args, device), args,
                           device, greedy)
-        accuracy = (f", accuracy {result['accuracy']:.1%} +- {result['accuracy_stderr']:.1%} over "
-                    f"{result['problems']} problems" if "accuracy" in result else "")
+        accuracy = f", accuracy {result['accuracy']:.1%} +- {result['accuracy_stderr']:.1%}" if (
+            "accuracy" in result) else ""
         print(f"{args.eval_checkpoint}{' (greedy)' if greedy else ''}: raw score "
-              f"{result['raw_score_mean']:.4f} "
-              f"+- {result['raw_score_stderr']:.4f} (standard error) over {args.eval_episodes} responses, "
+              f"{result['raw_score_mean']:.4f} +- {result['raw_score_stderr']:.4f} over {args.eval_episodes} "
+              f"responses (standard errors over {result['prompts']} prompts), "
               f"{result['stop_share']:.0%} with the stop token{accuracy}")
         eval_stats["final_greedy" if greedy else "final"] = result
     return {"eval": eval_stats}

@@ -234,13 +234,18 @@ def write_report(methods: dict, out: Path) -> str:
             f"{fmt(np.mean([r['zero_advantage_groups'] for r in seeds]), '.0%')} | "
             f"{fmt(np.mean([r['kl'] for r in seeds]), '.2f')} |")
     if ppo:
-        lines += ["", "## Final accuracy against PPO's (difference of means over seeds, 95% Welch interval)", ""]
+        completions = ppo[0]["completions"]
+        lines += ["", "## Accuracy against PPO's at the same completions (difference of the means over seeds, "
+                  "95% Welch interval)", "", "| method - PPO | " + " | ".join(f"{c} completions" for c in
+                                                                           completions[1:]) + " |",
+                  "|---|" + "---|" * (len(completions) - 1)]
         for method, seeds in methods.items():
             if method != "ppo":
-                d, h = difference_interval([r["accuracy"][-1] for r in seeds], [r["accuracy"][-1] for r in ppo])
-                lines.append(f"- {LABELS[method]} - PPO: {d:+.1%} ± {h:.1%}")
-    lines += ["", "## Commands", "", "Each run's command, as the harness ran it (with `--runs` at its default):", ""]
-    lines += [f"- `{shlex.join(command_of(method, run['seed'], RUNS))}`" for method, seeds in methods.items()
+                cells = [difference_interval([r["accuracy"][i] for r in seeds], [r["accuracy"][i] for r in ppo])
+                         for i in range(1, len(completions))]
+                lines.append(f"| {LABELS[method]} | " + " | ".join(f"{d:+.1%} ± {h:.1%}" for d, h in cells) + " |")
+    lines += ["", "## Commands", "", "Each run's command, as the harness ran it (from the repository root):", ""]
+    lines += [f"- `{run['command'].replace(str(ROOT) + '/', '')}`" for method, seeds in methods.items()
               for run in seeds]
     text = "\n".join(lines) + "\n"
     md = Path(f"{out}.md")

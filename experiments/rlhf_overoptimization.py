@@ -16,8 +16,10 @@ reads a folder). Three subcommands:
    every proxy and by gold. Best-of-n keeps the response the proxy ranks highest among n; its expected gold
    and proxy over all n-subsets of the N samples of a prompt: sort by proxy, the i-th best (from 1) is the
    subset's best with probability C(N - i, n - 1) / C(N, n) (tied proxies share their weights equally, the
-   expectation under random tie-breaking). Its KL to the initial policy is exact (Stiennon et al. 2020, Gao
-   et al.): KL(n) = log n - (n - 1) / n nats, d = sqrt(KL).
+   expectation under random tie-breaking). Its KL to the initial policy is at most log n - (n - 1) / n nats
+   (Stiennon et al. 2020 and Gao et al. use it as the KL; Beirami et al. 2024 show it is an upper bound), and
+   d = sqrt of that. The prompts default to 64 distinct held-out openings (EVAL_PROMPTS and MORE_EVAL_PROMPTS,
+   none seen by the proxies or by PPO), and the report shows n up to N / 4 only.
 2. `ppo`: for each proxy and each --kl-coefs value, ppo_rlhf_gpt2.main() unchanged, --reward-model <proxy>,
    with ppo_rlhf_gpt2.load_reward_fn, sample_and_score and evaluate wrapped from outside for the run (restored
    after, also when it fails): every call of the reward function also computes the gold score of the same
@@ -28,7 +30,8 @@ reads a folder). Three subcommands:
    the initial policy's mean against d, Gao et al.'s forms fitted by least squares to the gold curves,
        RL:         gold(d) = d (alpha - beta log d),  peak at d* = exp(alpha / beta - 1)
        best-of-n:  gold(d) = d (alpha - beta d),      peak at d* = alpha / (2 beta)
-   tables per run, the samples where proxy and gold disagree most, and what the policy learned (length, stop
+   95% intervals over prompts (bootstrap: prompts resampled with replacement) for best-of-n's changes, their
+   differences between n, and the proxy's correlation with gold; tables per run, the samples where proxy and gold disagree most, and what the policy learned (length, stop
    token, repeated words). A hand-written reading below a line `<!-- reading -->` in the .md is kept.
 
 Usage (from the repository root; --ppo-flags= go to ppo_rlhf_gpt2.py as they are (write the "=": the value
@@ -78,11 +81,11 @@ class BestOfN:
     proxy_names: list[str] = field(default_factory=list)
     """their names in the report (default: the folder, with the size of its run's preferences.jsonl)"""
     n: int = 64
-    """N: responses sampled per prompt; best-of-n for n = 1, 2, 4, ... up to N"""
+    """N: responses sampled per prompt; the report shows best-of-n for n = 1, 2, 4, ... up to N / 4"""
     num_prompts: int = 64
     """held-out prompts, cycled from the list (each with its own N responses)"""
     prompts_file: str | None = None
-    """held-out prompts, one a line (default: ppo_rlhf_gpt2.EVAL_PROMPTS)"""
+    """held-out prompts, one a line (default: EVAL_PROMPTS + MORE_EVAL_PROMPTS, 64 distinct)"""
     batch_size: int = 64
     """responses sampled per generate call"""
     ppo_flags: str = ""
@@ -143,7 +146,8 @@ def best_of_n(proxy: np.ndarray, gold: np.ndarray, n: int) -> tuple[np.ndarray, 
 
 
 def best_of_n_kl(n) -> np.ndarray:
-    """KL(best-of-n || initial policy) in nats, exact for distinct samples: log n - (n - 1) / n."""
+    """log n - (n - 1) / n nats: an upper bound on KL(best-of-n || initial policy) (Beirami et al. 2024),
+    reached when the proxy's scores are all distinct and the samples continuous; Gao et al.'s best-of-n KL."""
     n = np.asarray(n, dtype=np.float64)
     return np.log(n) - (n - 1) / n
 
@@ -211,8 +215,17 @@ def proxy_names(paths: list[str], names: list[str]) -> list[str]:
     return named
 
 
+def bootstrap_interval(statistic, num_prompts: int, resamples: int = 4000, seed: int = 0) -> tuple:
+    """95% percentile interval of statistic(prompt indices) over `resamples` resamplings of the prompts with
+    replacement (the unit that varies: a prompt's N responses stay together)."""
+    rng = np.random.default_rng(seed)
+    values = [statistic(rng.integers(0, num_prompts, num_prompts)) for _ in range(resamples)]
+    low, high = np.percentile(values, [2.5, 97.5])
+    return float(low), float(high)
+
+
 def load_eval_prompts(prompts_file: str | None, num_prompts: int) -> list[str]:
-    prompts = list(rlhf.EVAL_PROMPTS)
+    prompts = list(rlhf.EVAL_PROMPTS) + MORE_EVAL_PROMPTS
     if prompts_file is not None:
         if not os.path.isfile(prompts_file):
             raise SystemExit(f"error: --prompts-file {prompts_file}: no such file")
@@ -452,26 +465,38 @@ def settings_of(run_args: rlhf.Args) -> dict:
 
 
 def best_of_n_curves(bon: dict) -> list[dict]:
-    """Per proxy: for n = 1, 2, 4, ... N, KL, d, and the change of proxy and gold from n = 1 (the initial
-    policy's mean), gold also in units of the initial policy's gold std."""
+    """Per proxy: for n = 1, 2, 4, ... up to N / 4 (N at least 4 times the largest n), the bound on KL, d,
+    and the change of proxy and gold from n = 1 (the initial policy's mean), gold also in units of the
+    initial policy's gold std, each change with its 95% interval over prompts; the gold at the n where its
+    mean peaks minus the gold at the largest n (with its interval: a fall, if it excludes 0); the proxy's
+    correlation with gold over all responses (with its interval)."""
     gold = np.array(bon["gold"])
-    N = bon["n"]
-    ns = sorted({2**k for k in range(int(math.log2(N)) + 1)} | {N})
+    N, num_prompts = bon["n"], len(bon["gold"])
+    ns = [2**k for k in range(int(math.log2(max(N // 4, 1))) + 1)]
     gold_std = float(gold.std())
     curves = []
     for proxy in bon["proxies"]:
         p = np.array(proxy["scores"])
+        per_prompt = {n: best_of_n(p, gold, n) for n in ns}  # per n: (proxy, gold) of each prompt's best
         points = []
         for n in ns:
-            proxy_best, gold_best = best_of_n(p, gold, n)
-            points.append({"n": n, "kl": float(best_of_n_kl(n)), "proxy": float(proxy_best.mean()),
-                           "gold": float(gold_best.mean())})
-        for pt in points:
-            pt.update(d=math.sqrt(pt["kl"]), proxy_change=pt["proxy"] - points[0]["proxy"],
-                      gold_change=pt["gold"] - points[0]["gold"])
-            pt["gold_change_std"] = pt["gold_change"] / gold_std if gold_std > 0 else None
+            proxy_change, gold_change = (per_prompt[n][k] - per_prompt[1][k] for k in (0, 1))
+            points.append({
+                "n": n, "kl": float(best_of_n_kl(n)), "d": math.sqrt(float(best_of_n_kl(n))),
+                "proxy": float(per_prompt[n][0].mean()), "gold": float(per_prompt[n][1].mean()),
+                "proxy_change": float(proxy_change.mean()), "gold_change": float(gold_change.mean()),
+                "proxy_change_ci": bootstrap_interval(lambda i: proxy_change[i].mean(), num_prompts),
+                "gold_change_ci": bootstrap_interval(lambda i: gold_change[i].mean(), num_prompts),
+                "gold_change_std": float(gold_change.mean()) / gold_std if gold_std > 0 else None})
+        peak = max(points, key=lambda pt: pt["gold_change"])
+        fall = per_prompt[peak["n"]][1] - per_prompt[ns[-1]][1]
+        correlation = float(np.corrcoef(p.ravel(), gold.ravel())[0, 1])
         curves.append({"name": proxy["name"], "path": proxy["path"], "points": points, "gold_std": gold_std,
-                       "proxy_std": float(p.std())})
+                       "proxy_std": float(p.std()), "peak_n": peak["n"], "fall": float(fall.mean()),
+                       "fall_ci": bootstrap_interval(lambda i: fall[i].mean(), num_prompts),
+                       "correlation": correlation,
+                       "correlation_ci": bootstrap_interval(
+                           lambda i: np.corrcoef(p[i].ravel(), gold[i].ravel())[0, 1], num_prompts)})
     return curves
 
 
@@ -590,9 +615,9 @@ def run_report(args: Report) -> str:
         "comparisons of the initial policy, their scores normalized to std 1 on the initial policy's "
         "responses. Scores are changes from the initial policy's mean: the proxy in its normalized units, "
         "gold in vader compound units and in "
-        "units of the initial policy's gold std. d = sqrt(KL to the initial policy) in sqrt(nats): exact for "
-        "best-of-n (log n - (n - 1) / n), the logged per-response estimate `objective/kl` of each PPO batch "
-        "(negative estimates count as 0).",
+        "units of the initial policy's gold std. d = sqrt(KL to the initial policy) in sqrt(nats): for "
+        "best-of-n, the upper bound log n - (n - 1) / n (Gao et al.'s value); for PPO, the logged "
+        "per-response estimate `objective/kl` of each PPO batch (negative estimates count as 0).",
         "",
         f"Page and figure: `{report_command}`.",
         "",
@@ -631,13 +656,23 @@ def run_report(args: Report) -> str:
                   f"{s['stop_token']!r} from token {s['min_response_length']}). Expected best of n over all "
                   f"n-subsets of each prompt's N; initial policy (n = 1): gold {np.mean(bon['gold']):.4f} "
                   f"(std {bon_curves[0]['gold_std']:.4f})."]
+        lines += [f"Shown up to n = {bon_curves[0]['points'][-1]['n']} (N / 4); the intervals are 95% over "
+                  f"the {len(bon['prompts'])} prompts (4,000 bootstrap resamples of the prompts). KL: the upper "
+                  "bound log n - (n - 1) / n."]
         for c in bon_curves:
-            lines += ["", f"**{c['name']}** (proxy std on these responses {c['proxy_std']:.3f})", "",
-                      "| n | KL (nats) | d | proxy change | gold change (vader) "
+            lines += ["", f"**{c['name']}** (proxy std on these responses {c['proxy_std']:.3f}; correlation "
+                      f"with gold over all {np.size(bon['gold'])} responses {c['correlation']:+.3f}, 95% "
+                      f"[{c['correlation_ci'][0]:+.3f}, {c['correlation_ci'][1]:+.3f}]; gold at its peak "
+                      f"mean, n = {c['peak_n']}, minus gold at n = {c['points'][-1]['n']}: {c['fall']:+.4f}, "
+                      f"95% [{c['fall_ci'][0]:+.4f}, {c['fall_ci'][1]:+.4f}])", "",
+                      "| n | KL bound (nats) | d | proxy change [95%] | gold change (vader) [95%] "
                       "| gold change (initial std) |",
                       "|---|---|---|---|---|---|"]
-            lines += [f"| {p['n']} | {p['kl']:.4f} | {p['d']:.4f} | {p['proxy_change']:+.4f} | "
-                      f"{p['gold_change']:+.4f} | {fmt(p['gold_change_std'], 3, '+')} |" for p in c["points"]]
+            lines += [f"| {p['n']} | {p['kl']:.4f} | {p['d']:.4f} | {p['proxy_change']:+.3f} "
+                      f"[{p['proxy_change_ci'][0]:+.3f}, {p['proxy_change_ci'][1]:+.3f}] | "
+                      f"{p['gold_change']:+.4f} [{p['gold_change_ci'][0]:+.4f}, "
+                      f"{p['gold_change_ci'][1]:+.4f}] | "
+                      f"{fmt(p['gold_change_std'], 3, '+')} |" for p in c["points"]]
 
     for r in runs:
         curve = ppo_curve(r)
@@ -746,6 +781,30 @@ def main(args) -> None:
         run_ppo(args)
     else:
         run_report(args)
+
+
+# More held-out openings of movie reviews, written for this experiment (with ppo_rlhf_gpt2.EVAL_PROMPTS: 64
+# distinct prompts that neither the proxies' comparisons nor PPO's training used).
+MORE_EVAL_PROMPTS = [
+    "The opening title sequence", "My little brother begged to see this, and",
+    "The second film in the series", "The festival crowd around me", "This black-and-white drama",
+    "The hero's best friend", "Every critic I read before going in", "The set pieces on the train",
+    "Nothing prepared me for how the film", "The war veteran at the heart of the story",
+    "This coming-of-age tale", "The dubbing in the version I saw",
+    "My book club picked the adaptation because", "The road trip that takes up most of the film",
+    "This documentary about a chess prodigy", "The courtroom scenes in the last hour",
+    "Halfway through the second act,", "The costumes in this period piece", "The director's cameo",
+    "This slasher from the eighties", "The score by a young composer", "My teenage daughter thought the film",
+    "The monster itself", "The quiet scenes between mother and son", "This heist comedy",
+    "The political subplot", "Three hours is a long time, and this film",
+    "The animated short before the feature", "The final shot of the city", "This western set in the snow",
+    "The lead actor's accent", "The sequel nobody asked for", "The jokes in the first ten minutes",
+    "This film about a small bakery", "The night scenes in the forest",
+    "When the lights came up, the audience", "The villain's motive", "This remake of a foreign thriller",
+    "The love triangle", "The pacing of the middle hour", "This musical biopic", "The dog in this movie",
+    "The scenes on the spaceship", "Watching this on a plane,", "This film about two rival chefs",
+    "The flashbacks to the war", "The ending everyone is talking about", "The first time the hero speaks,",
+]
 
 
 if __name__ == "__main__":

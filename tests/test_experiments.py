@@ -5,6 +5,7 @@ study, worked out by hand on small inputs. Also benchmarks/preference_baselines.
 scripts."""
 
 import importlib.util
+import itertools
 import json
 import os
 import subprocess
@@ -479,7 +480,7 @@ def test_overopt_end_to_end_writes_the_page_and_the_figure(overopt_models, tmp_p
     proxies = [str(root / "proxy_small"), str(root / "proxy_large")]
     flags = overopt_flags(root, tmp_path, total_episodes=12)
     rlhf_overoptimization.main(rlhf_overoptimization.BestOfN(  # prompts with sentiment: gold not all 0
-        proxies=proxies, proxy_names=["small", "large"], n=4, num_prompts=3, batch_size=5, ppo_flags=flags,
+        proxies=proxies, proxy_names=["small", "large"], n=16, num_prompts=3, batch_size=8, ppo_flags=flags,
         prompts_file=str(root / "prompts.txt"), out=out))
     rlhf_overoptimization.main(rlhf_overoptimization.Ppo(
         proxies=proxies[:1], proxy_names=["small"], kl_coefs=[0.05], ppo_flags=flags, keep_iterations=2,
@@ -489,22 +490,27 @@ def test_overopt_end_to_end_writes_the_page_and_the_figure(overopt_models, tmp_p
     assert os.path.getsize(out + ".png") > 10_000
 
     bon = json.load(open(out + ".best_of_n.json"))
-    assert np.array(bon["gold"]).shape == (3, 4)
+    assert np.array(bon["gold"]).shape == (3, 16)
     assert bon["prompts"] == OVEROPT_TRAIN_PROMPTS[:3]
-    # the n = 4 = N row of the small proxy, computed here: the gold of each prompt's best by proxy (a tie
-    # would share), minus the mean of all
+    # the page shows n up to N / 4 = 4; the n = 4 row of the small proxy, computed here by brute force over
+    # all 1820 4-subsets of each prompt's 16 responses: the gold of the subset's best by proxy (a tie shares),
+    # minus the mean of all
     proxy, gold = np.array(bon["proxies"][0]["scores"]), np.array(bon["gold"])
-    best = np.mean([gold[i][proxy[i] == proxy[i].max()].mean() for i in range(3)])
-    assert len(set(gold.ravel())) > 1 and best != gold.mean()
+    best = []
+    for i in range(3):
+        for subset in itertools.combinations(range(16), 4):
+            p, g = proxy[i][list(subset)], gold[i][list(subset)]
+            best.append(g[p == p.max()].mean())
+    assert len(set(gold.ravel())) > 1 and np.mean(best) != gold.mean()
     kl4 = np.log(4) - 3 / 4
-    assert f"| 4 | {kl4:.4f} | {np.sqrt(kl4):.4f} | " in page
-    assert f"| {best - gold.mean():+.4f} |" in page
+    assert f"| 4 | {kl4:.4f} | {np.sqrt(kl4):.4f} | " in page and f"| 8 | {np.log(8) - 7 / 8:.4f} |" not in page
+    assert f"| {np.mean(best) - gold.mean():+.4f} [" in page
     ppo = json.load(open(out + ".ppo.json"))
     assert len(ppo) == 1 and len(ppo[0]["iterations"]) == 3
     for heading in ["## Fits of Gao et al.'s forms", "## Best-of-n", "## PPO on small, kl_coef 0.05 (fixed)",
                     "## What the policy learned", "## Where proxy and gold disagree most", "**small**",
                     "**large**", "| curve | alpha | beta | peak d*", "| iteration | KL (nats) | d |",
-                    "| after iteration |", "| best-of-4, small |", "| PPO kl_coef 0.05, small |",
+                    "| after iteration |", "| best-of-16, small |", "| PPO kl_coef 0.05, small |",
                     "**PPO kl_coef 0.05, small, iterations 2-3**"]:
         assert heading in page, heading
     # every table names its command
@@ -609,5 +615,39 @@ def test_ppo_vs_grpo_report_from_two_fake_runs(tmp_path):
     assert "| PPO | mean ± 95% | 10.0% ± 0.0% | 60.0% ± " in text
     # training minutes 5 / 20 = 25% of PPO's, wall 40 / 100 s, peak memory half
     assert "| GRPO | 0.1 | 25% | 0.7 | 40% | 3.00 | 50% | 3.50 / 6.00 |" in text
-    assert "- GRPO - PPO: -10.0% ± " in text
+    assert "| GRPO | -10.0% ± " in text  # 0.5 vs 0.6 at 128 completions
     assert (tmp_path / "page.png").exists() and json.loads((tmp_path / "page.json").read_text())["ppo"]
+
+
+def test_overopt_bootstrap_interval_resamples_prompts_by_hand():
+    # two prompts with means 0 and 1: a resample's mean is 0, 1/2 or 1 with chances 1/4, 1/2, 1/4
+    low, high = rlhf_overoptimization.bootstrap_interval(lambda i: np.array([0.0, 1.0])[i].mean(), 2)
+    assert (low, high) == (0.0, 1.0)
+    assert rlhf_overoptimization.bootstrap_interval(lambda i: np.full(5, 0.3)[i].mean(), 5) == pytest.approx(
+        (0.3, 0.3))
+    # 40 prompts of value 1 and 40 of 0: the interval is about mean +- 1.96 * 0.5 / sqrt(80)
+    values = np.array([1.0] * 40 + [0.0] * 40)
+    low, high = rlhf_overoptimization.bootstrap_interval(lambda i: values[i].mean(), 80)
+    assert low == pytest.approx(0.5 - 1.96 * 0.5 / 80**0.5, abs=0.03)
+    assert high == pytest.approx(0.5 + 1.96 * 0.5 / 80**0.5, abs=0.03)
+
+
+def test_overopt_best_of_n_curves_by_hand():
+    """N = 8 responses with gold 0..7 for each of 3 prompts: shown up to n = 2 (N / 4). A proxy equal to gold:
+    best of 2 gives sum_k k^2 / 28 = 5 against the mean 3.5 (+1.5 on every prompt, so the interval is a
+    point), correlation 1, and no fall (the peak is the largest n). A proxy that reverses gold: -1.5."""
+    gold = [list(range(8))] * 3
+    bon = {"n": 8, "gold": gold, "proxies": [{"name": "same", "path": "a", "scores": gold},
+                                             {"name": "reversed", "path": "b", "scores": [[-g for g in row]
+                                                                                       for row in gold]}]}
+    same, reversed_ = rlhf_overoptimization.best_of_n_curves(bon)
+    assert [p["n"] for p in same["points"]] == [1, 2]
+    assert same["points"][1]["gold_change"] == pytest.approx(1.5)
+    assert same["points"][1]["gold_change_ci"] == pytest.approx((1.5, 1.5))
+    assert same["points"][1]["kl"] == pytest.approx(np.log(2) - 0.5)
+    assert same["correlation"] == pytest.approx(1.0) and same["correlation_ci"] == pytest.approx((1.0, 1.0))
+    assert same["peak_n"] == 2 and same["fall"] == pytest.approx(0.0)
+    assert reversed_["points"][1]["gold_change"] == pytest.approx(-1.5)
+    assert reversed_["peak_n"] == 1 and reversed_["fall"] == pytest.approx(1.5)  # the gold at n=1 minus at n=2
+    assert reversed_["correlation"] == pytest.approx(-1.0)
+    assert same["gold_std"] == pytest.approx(np.std(range(8)))

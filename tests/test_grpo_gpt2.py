@@ -459,18 +459,20 @@ def test_arithmetic_evaluation_counts_problems_and_the_checkpoint_reevaluates(ti
     held_out = set(grpo.arithmetic_problems(1, held_out=True))
     final = stats["eval"]["final"]
     assert set(stats["eval"]) == {"initial", "iteration_1", "final"}
-    assert {q for q, _ in final["samples"]} == held_out and final["problems"] == 24
+    assert {q for q, _ in final["samples"]} == held_out and final["prompts"] == 24
     per_problem = {}
     for (query, _), score in zip(final["samples"], final["raw_scores"]):
         per_problem.setdefault(query, []).append(score > 0)
-    assert final["accuracy"] == pytest.approx(statistics.mean(statistics.mean(r) for r in per_problem.values()))
+    shares = [statistics.mean(r) for r in per_problem.values()]
+    assert final["accuracy"] == pytest.approx(statistics.mean(shares))
+    assert final["accuracy_stderr"] == pytest.approx(statistics.stdev(shares) / 24 ** 0.5)
     assert read_scalars(stats["run_dir"])["eval/accuracy"] == pytest.approx(
         [stats["eval"][w]["accuracy"] for w in ("initial", "iteration_1", "final")])
     assert "held-out accuracy: " in capsys.readouterr().out
     again = grpo.main(tiny_args(tiny, tmp_path / "again", eval_checkpoint=str(Path(stats["run_dir"]) / "model"),
                                 **common))
     assert again["eval"]["final"]["samples"] == final["samples"]
-    assert "over 24 problems" in capsys.readouterr().out
+    assert "(standard errors over 24 prompts)" in capsys.readouterr().out
 
 
 def test_ctrl_c_keeps_logs_and_saves(tiny, tmp_path, monkeypatch):

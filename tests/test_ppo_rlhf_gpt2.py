@@ -626,7 +626,7 @@ def test_arithmetic_task_end_to_end(tiny, tmp_path, capsys):
         for (query, _), score in zip(result["samples"], result["raw_scores"]):
             per_problem.setdefault(query, []).append(score > 0)
         shares = [statistics.mean(r) for r in per_problem.values()]
-        assert len(shares) == result["problems"] == 24
+        assert len(shares) == result["prompts"] == 24
         assert result["accuracy"] == pytest.approx(statistics.mean(shares))
         assert result["accuracy_stderr"] == pytest.approx(statistics.stdev(shares) / 24 ** 0.5)
     greedy = evaluations["final_greedy"]
@@ -998,6 +998,15 @@ def test_evaluation_scores_held_out_prompts_without_changing_training(tiny, tmp_
         assert final["raw_scores"][final["samples"].index((q, r))] == float((q + r).count("e"))
     assert read_scalars(evaluated["run_dir"])["eval/raw_scores"] == pytest.approx(
         [initial["raw_score_mean"], final["raw_score_mean"]])
+    # 20 responses to 16 prompts: the 4 asked twice count once, with their mean; the standard error is over
+    # the 16 prompts, not the 20 responses
+    per_prompt = {}
+    for (q, _), score in zip(final["samples"], final["raw_scores"]):
+        per_prompt.setdefault(q, []).append(score)
+    means = [statistics.mean(v) for v in per_prompt.values()]
+    assert final["prompts"] == len(means) == 16 and statistics.stdev(means) > 0
+    assert final["raw_score_mean"] == pytest.approx(statistics.mean(means))
+    assert final["raw_score_stderr"] == pytest.approx(statistics.stdev(means) / 4)
     # the held-out change of the mean score, in units of the training scores' normalization (gain > 0)
     change = evaluated["eval"]["normalized_score_change"]
     assert change * (final["raw_score_mean"] - initial["raw_score_mean"]) >= 0
