@@ -46,6 +46,23 @@ MUTANTS_BY_SCRIPT = {
          "last = {tag: [run[tag][-5].mean() for run in runs] for tag in",
          SELECTOR),
     ],
+    # issue 41, the experiments of issues 39 and 40
+    "experiments/ppo_vs_grpo": [
+        ("issue41: the training seconds of an evaluation counted one iteration late",
+         "elapsed = np.cumsum([0.0] + [seconds[step] for step in sorted(seconds)])",
+         "elapsed = np.cumsum([0.0, 0.0] + [seconds[step] for step in sorted(seconds)])",
+         "ppo_vs_grpo"),
+        ("issue41: the Welch interval from the seeds' standard deviations where variances are meant",
+         "va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)",
+         "va, vb = a.std(ddof=1) / len(a), b.std(ddof=1) / len(b)",
+         "ppo_vs_grpo"),
+    ],
+    "experiments/rlhf_overoptimization": [
+        ("issue41: the bootstrap draws a fixed half of the prompts (not a resample with replacement)",
+         "values = [statistic(rng.integers(0, num_prompts, num_prompts)) for _ in range(resamples)]",
+         "values = [statistic(rng.permutation(num_prompts)[: max(1, num_prompts // 2)]) for _ in range(resamples)]",
+         "overopt"),
+    ],
 }
 MUTANTS = [entry for entries in MUTANTS_BY_SCRIPT.values() for entry in entries]
 

@@ -200,4 +200,21 @@ MUTANTS = [
     ("main: explained variance over the padding too",
      "y_pred, y_true = values[response_mask], returns[response_mask]",
      "y_pred, y_true = values.flatten(), returns.flatten()"),
+    # issue 41: values checked where they can be wrong, written before their tests (the last two are the code
+    # as it was before this issue: they did not apply to the earlier script, which had these bugs)
+    ("issue41: the ratio taken against the new log-probs, detached (ratio 1 in every minibatch)",
+     "pg_loss, ratio, logratio = policy_loss(newlogprob, logprobs[micro_inds],",
+     "pg_loss, ratio, logratio = policy_loss(newlogprob, newlogprob.detach(),"),
+    ("issue41: the value loss clipped around the new values, not the rollout's",
+     "v_loss = value_loss(newvalue, values[micro_inds], returns[micro_inds], micro_mask,",
+     "v_loss = value_loss(newvalue, newvalue.detach(), returns[micro_inds], micro_mask,"),
+    ("issue41: the adaptive KL controller fed the per-token KL (the target is per response)",
+     'kl_coef = adaptive_kl_coef(kl_coef, stats["objective/kl"], args.kl_target, args.kl_horizon,',
+     'kl_coef = adaptive_kl_coef(kl_coef, kl.sum() / response_mask.sum(), args.kl_target, args.kl_horizon,'),
+    ("issue41: held-out standard error over responses, repeats of a prompt counted as independent",
+     'result["raw_score_mean"], result["raw_score_stderr"] = mean_and_stderr(prompt_means)',
+     'result["raw_score_mean"], result["raw_score_stderr"] = mean_and_stderr(raw_scores)'),
+    ("issue41: --eval-checkpoint samples with the command's flags, not the policy's saved settings",
+     "    use_saved_sampling(args)  # the sampling settings saved with the policy, not the command's\n",
+     "\n"),
 ]
