@@ -37,9 +37,9 @@ import numpy as np
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 ROOT = Path(__file__).resolve().parents[1]
-COMMON = ("--model-name models/smollm2-135m --reward-model arithmetic --arithmetic-digits 2 --response-length 8 "
-          "--min-response-length 0 --batch-size 64 --total-episodes 512 --eval-episodes 256 --eval-every 2 "
-          "--no-cuda")
+COMMON = ("--model-name models/smollm2-135m --reward-model arithmetic --arithmetic-digits 2 "
+          "--response-length 8 --min-response-length 0 --batch-size 64 --total-episodes 512 "
+          "--eval-episodes 256 --eval-every 2 --no-cuda")
 METHODS = {
     "ppo": "ppo_rlhf_gpt2.py",
     "grpo": "grpo_gpt2.py",
@@ -203,18 +203,20 @@ def write_report(methods: dict, out: Path) -> str:
     ppo_train = np.mean([r["train_s"] for r in ppo]) if ppo else float("nan")
     ppo_wall = np.mean([r["wall_s"] for r in ppo]) if ppo else float("nan")
     ppo_rss = np.mean([r["peak_rss_gb"] for r in ppo]) if ppo else float("nan")
+    dates, commits = (", ".join(sorted({r[k] for r in runs})) for k in ("date", "commit"))
+    completions = runs[0]["completions"]
     lines = ["# PPO against GRPO at an equal budget: two-digit sums, SmolLM2-135M-Instruct (Q4_1 GGUF)", "",
              f"Written by `python experiments/ppo_vs_grpo.py report` from {len(runs)} runs of `python "
-             f"experiments/ppo_vs_grpo.py run` (on {', '.join(sorted({r['date'] for r in runs}))}, code of commits "
-             f"{', '.join(sorted({r['commit'] for r in runs}))}), one torch thread each, two runs at a time.",
+             f"experiments/ppo_vs_grpo.py run` (on {dates}, code of commits {commits}), one torch thread "
+             "each, two runs at a time.",
              "", f"![held-out accuracy against completions and training time]({out.name}.png)", "",
              "## Held-out accuracy (256 distinct problems, one sampled response each)", "",
-             "| method | seed | " + " | ".join(f"{c} completions" for c in next(iter(methods.values()))[0][
-                 "completions"]) + " |", "|---|---|" + "---|" * len(next(iter(methods.values()))[0]["completions"])]
+             "| method | seed | " + " | ".join(f"{c} completions" for c in completions) + " |",
+             "|---|---|" + "---|" * len(completions)]
     for method, seeds in methods.items():
         for run in seeds:
-            lines.append(f"| {LABELS[method]} | {run['seed']} | " + " | ".join(fmt(a) for a in run["accuracy"])
-                         + " |")
+            accuracies = " | ".join(fmt(a) for a in run["accuracy"])
+            lines.append(f"| {LABELS[method]} | {run['seed']} | {accuracies} |")
         columns = np.array([run["accuracy"] for run in seeds])
         cells = [mean_interval(column) for column in columns.T]
         lines.append(f"| {LABELS[method]} | mean ± 95% | " + " | ".join(
@@ -234,17 +236,19 @@ def write_report(methods: dict, out: Path) -> str:
             f"{fmt(np.mean([r['zero_advantage_groups'] for r in seeds]), '.0%')} | "
             f"{fmt(np.mean([r['kl'] for r in seeds]), '.2f')} |")
     if ppo:
-        completions = ppo[0]["completions"]
-        lines += ["", "## Accuracy against PPO's at the same completions (difference of the means over seeds, "
-                  "95% Welch interval)", "", "| method - PPO | " + " | ".join(f"{c} completions" for c in
-                                                                           completions[1:]) + " |",
+        lines += ["", "## Accuracy against PPO's at the same completions (difference of the means over "
+                  "seeds, 95% Welch interval)", "",
+                  "| method - PPO | " + " | ".join(f"{c} completions" for c in completions[1:]) + " |",
                   "|---|" + "---|" * (len(completions) - 1)]
         for method, seeds in methods.items():
-            if method != "ppo":
-                cells = [difference_interval([r["accuracy"][i] for r in seeds], [r["accuracy"][i] for r in ppo])
-                         for i in range(1, len(completions))]
-                lines.append(f"| {LABELS[method]} | " + " | ".join(f"{d:+.1%} ± {h:.1%}" for d, h in cells) + " |")
-    lines += ["", "## Commands", "", "Each run's command, as the harness ran it (from the repository root):", ""]
+            if method == "ppo":
+                continue
+            cells = [difference_interval([r["accuracy"][i] for r in seeds], [r["accuracy"][i] for r in ppo])
+                     for i in range(1, len(completions))]
+            lines.append(f"| {LABELS[method]} | " + " | ".join(f"{d:+.1%} ± {h:.1%}" for d, h in cells)
+                         + " |")
+    lines += ["", "## Commands", "", "Each run's command, as the harness ran it (from the repository root):",
+              ""]
     lines += [f"- `{run['command'].replace(str(ROOT) + '/', '')}`" for method, seeds in methods.items()
               for run in seeds]
     text = "\n".join(lines) + "\n"

@@ -22,7 +22,7 @@ import pytest
 import tyro
 
 ROOT = Path(__file__).resolve().parents[1]
-RLHF_PAGES = ["ppo_rlhf_gpt2", "reward_model_gpt2", "rlhf_*", "ppo_vs_grpo", "grpo_*"]
+RLHF_PAGES = ["ppo_rlhf_gpt2", "reward_model_gpt2", "rlhf_*", "ppo_vs_grpo*", "grpo_*"]
 DOCS = ["README.md"] + sorted({os.path.relpath(p, ROOT) for pattern in RLHF_PAGES
                                for p in glob.glob(str(ROOT / "docs" / "results" / f"{pattern}.md"))})
 SCRIPTS = {"ppo_cartpole.py", "ppo_walker2d.py", "reinforce.py", "a2c.py", "ppo_rlhf_gpt2.py", "grpo_gpt2.py",
