@@ -1,9 +1,10 @@
 """A reward model trained from pairwise preferences (Bradley-Terry): the first step of RLHF, every detail.
 
 Each comparison is a prompt and two responses to it, `chosen` and `rejected`. The reward model reads the text
-prompt + response (the string ppo_rlhf_gpt2.py's reward function receives) and outputs one number, the
-score, read at the last real token. It starts from the policy's weights with a new scalar head, and learns
-to score the chosen response above the rejected one. Without human labelers, `--gold` makes the comparisons:
+prompt + response (the string ppo_rlhf_gpt2.py's reward function receives) with an end token appended, and
+outputs one number, the score, read at that end token: a position every text has, whether or not the response
+ended. It starts from the policy's weights with a new scalar head, and learns to score the chosen response
+above the rejected one. Without human labelers, `--gold` makes the comparisons:
 two responses per prompt sampled from the policy, a gold scorer (vader sentiment, the length, or a classifier)
 standing in for the human, who prefers a response with the Bradley-Terry probability below. The file is
 written first, then trained on, so it can be read and reused; its gold scores give the gold labeler's own
@@ -20,12 +21,13 @@ Usage:
     python reward_model_gpt2.py --model-name ./my-lm --preferences my_comparisons.jsonl --save-model
     python ppo_rlhf_gpt2.py --model-name ./my-lm --reward-model runs/<run>/model   # RLHF on it
     tensorboard --logdir runs   # losses/reward_loss, charts/accuracy, charts/learning_rate,
-                                # eval/accuracy, eval/reward_loss, eval/gold_accuracy
+                                # charts/head_learning_rate, eval/accuracy, eval/reward_loss,
+                                # eval/gold_accuracy
 
 One comparison a line of --preferences (JSON): {"prompt": ..., "chosen": ..., "rejected": ...}; --gold adds
 "gold_chosen" and "gold_rejected". What the code computes (r: the reward model, sigma: the sigmoid):
     gold labeler:  P(a preferred to b) = sigma((gold_a - gold_b) / gold_beta)
-    scores         = r(prompt + response), the head's output at the last real token
+    scores         = r(prompt + response + end), the head's output at the appended end token (the EOS)
     reward_loss    = mean over pairs of -log sigma(chosen_scores - rejected_scores)
     accuracy       = share of pairs with chosen_scores > rejected_scores (ties count 1/2)
     normalization: gain = 1 / std(scores), bias = -mean(scores) * gain over all responses of the file
@@ -42,13 +44,16 @@ Implementation details; RLHF numbers as in ppo_rlhf_gpt2.py, 35 on for the rewar
 31. Reward normalization: the scores set to mean 0 and std 1 on the initial policy's responses, the
     responses of the preference file (with --gold: the policy's own samples), after training.
     The gain is folded into the head's weight (exact; the head has no bias), the shift stored as
-    config.reward_bias: the saved folder gives normalized scores with plain transformers.
+    config.reward_bias: ppo_rlhf_gpt2.py and grpo_gpt2.py read normalized scores off the saved folder.
 35. The reward model is the policy's backbone plus a scalar head, initialized N(0, 1 / (hidden + 1)).
-36. The score is read at the last real token of prompt + response, whatever the padding side.
+36. The score is read at an end token (the tokenizer's EOS) appended to every text, found from the attention
+    mask whatever the padding side (SmolLM2 pads with its EOS), saved as config.reward_end_token for the
+    loaders; --readout last reads the text's last token instead (mid-sentence where a response was cut).
 37. Bradley-Terry loss; chosen and rejected responses in one forward pass.
 38. Synthetic labels: a gold scorer with Bradley-Terry noise, the pairs of identical responses dropped.
-39. A seeded held-out split of the comparisons; its accuracy beside the gold labeler's agreement.
-40. The whole model trained (backbone and head), one epoch by default: reward models overfit fast.
+39. A seeded held-out split by prompt (held-out prompts are never trained on), beside the gold labeler.
+40. The whole model trained, one epoch by default (reward models overfit fast), the new head at its own
+    learning rate: at the backbone's, Adam would move its random weights by a fraction of their scale.
 """
 
 import json
@@ -85,7 +90,7 @@ class Args:
     gold_label: int = 1  # --gold FOLDER: the classifier's logit used as the gold score (one label: it)
     num_comparisons: int = 2000  # --gold: comparisons written (two responses sampled per prompt)
     prompts_file: str | None = None  # --gold: one prompt per line (default: ppo_rlhf_gpt2.py's prompts)
-    eval_fraction: float = 0.1  # share of the comparisons held out (a seeded split)
+    eval_fraction: float = 0.1  # share of the distinct prompts held out with all their comparisons (seeded)
 
     # model and sampling (the sampling of ppo_rlhf_gpt2.py)
     model_name: str = "gpt2"  # the policy: samples the comparisons; its backbone starts the reward model
@@ -95,13 +100,15 @@ class Args:
     temperature: float = 0.7  # sampling temperature
     stop_token: str = "."  # `eos` or a single-token string: responses are truncated after it
     max_length: int = 128  # texts longer than this many tokens lose their first tokens (the end is scored)
+    readout: str = "end"  # `end`: score at an EOS appended to every text; `last`: at the text's last token
 
     # algorithm
     num_epochs: int = 1  # passes over the training comparisons
     batch_size: int = 32  # comparisons per optimizer step
     gradient_accumulation_steps: int = 1  # micro-batches per batch, their gradients accumulated
     forward_batch_size: int = 32  # prompts per sampling pass, texts per scoring pass without gradients
-    learning_rate: float = 2e-5  # the learning rate of Adam
+    learning_rate: float = 2e-5  # the learning rate of Adam for the backbone
+    head_learning_rate: float = 1e-3  # the learning rate of Adam for the head (new and random)
     anneal_lr: bool = True  # anneal the learning rate linearly to 0
     max_grad_norm: float = 1.0  # the maximum norm of the global gradient
     eval_every: int = 10  # score the held-out comparisons every this many steps (0: at the end only)
@@ -201,16 +208,19 @@ def sample_comparisons(policy, prompts: list[str], tokenizer, stop_token_id: int
 
 
 def reward_scores(reward_model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """detail 36: the scalar head at the last real token (the rightmost position the mask keeps), so left
-    and right padding give the same scores. Returns (batch,)."""
+    """detail 36: the scalar head at the last real token (the rightmost position the mask keeps: the end token
+    where one was appended), so left and right padding give the same scores. Returns (batch,)."""
     hidden = reward_model.base_model(**model_inputs(input_ids, attention_mask)).last_hidden_state
     positions = torch.arange(input_ids.shape[1], device=input_ids.device)
     last_index = (positions * attention_mask.long()).argmax(1)
     return reward_model.score(hidden[torch.arange(len(hidden), device=hidden.device), last_index]).squeeze(-1)
 
 
-def score_texts(reward_model, tokenizer, texts: list[str], max_length: int, device) -> torch.Tensor:
-    batch = tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+def score_texts(reward_model, tokenizer, texts: list[str], end_token: str, max_length: int, device
+                ) -> torch.Tensor:
+    """The scores of texts + end_token (detail 36; "" with --readout last), truncated from the left."""
+    batch = tokenizer([text + end_token for text in texts], padding=True, truncation=True,
+                      max_length=max_length, return_tensors="pt")
     return reward_scores(reward_model, batch["input_ids"].to(device), batch["attention_mask"].to(device))
 
 
@@ -232,29 +242,38 @@ def score_normalization(raw_scores: torch.Tensor) -> tuple[float, float]:
     return gain, -raw_scores.mean().item() * gain
 
 
-def split_comparisons(n: int, eval_fraction: float, seed: int) -> tuple[list[int], list[int]]:
-    """detail 39: (training, held-out) indices of n comparisons, shuffled once by the seed."""
-    order = list(range(n))
-    random.Random(seed).shuffle(order)
-    num_eval = max(1, round(eval_fraction * n))
-    return order[num_eval:], order[:num_eval]
+def split_comparisons(prompts: list[str], eval_fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """detail 39: (training, held-out) indices of the comparisons whose prompts are given, split by prompt:
+    the eval_fraction of the distinct prompts (at least one) with the smallest seeded keys is held out with
+    all its comparisons. A prompt's key depends on the seed and its text only: files with the same prompts (a
+    file and its first lines, most often) hold out the same ones."""
+    distinct = sorted(set(prompts), key=lambda p: (random.Random(f"{seed} {p}").random(), p))
+    held_out = set(distinct[: max(1, round(eval_fraction * len(distinct)))])
+    return ([i for i, p in enumerate(prompts) if p not in held_out],
+            [i for i, p in enumerate(prompts) if p in held_out])
+
+
+def end_token_of(tokenizer, args: Args) -> str:
+    """detail 36: what is appended to every text before it is scored: the EOS, or nothing (--readout last)."""
+    return tokenizer.eos_token if args.readout == "end" else ""
 
 
 @torch.inference_mode()
 def score_in_chunks(reward_model, tokenizer, texts: list[str], args: Args, device) -> torch.Tensor:
     """The scores of many texts, args.forward_batch_size at a time, without gradients."""
-    chunk = args.forward_batch_size
-    return torch.cat([score_texts(reward_model, tokenizer, texts[i : i + chunk], args.max_length, device)
-                      for i in range(0, len(texts), chunk)])
+    chunk, end_token = args.forward_batch_size, end_token_of(tokenizer, args)
+    return torch.cat([score_texts(reward_model, tokenizer, texts[i : i + chunk], end_token, args.max_length,
+                                  device) for i in range(0, len(texts), chunk)])
 
 
 def evaluate(reward_model, tokenizer, comparisons: list[dict], args: Args, device) -> dict:
-    """Loss and accuracy on held-out comparisons."""
+    """Loss and accuracy on held-out comparisons, and each one's margin chosen_scores - rejected_scores."""
     texts = [c["prompt"] + c[key] for key in ("chosen", "rejected") for c in comparisons]
     scores = score_in_chunks(reward_model, tokenizer, texts, args, device)
     chosen_scores, rejected_scores = scores[: len(comparisons)], scores[len(comparisons) :]
     return {"reward_loss": preference_loss(chosen_scores, rejected_scores).item(),
-            "accuracy": comparison_accuracy(chosen_scores, rejected_scores)}
+            "accuracy": comparison_accuracy(chosen_scores, rejected_scores),
+            "margins": (chosen_scores - rejected_scores).tolist()}
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -275,6 +294,8 @@ def main(args: Args) -> dict:
     device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
     run_dir = os.path.join(args.runs_dir, f"{args.exp_name}__{args.seed}__{int(time.time())}")
     tokenizer, stop_token_id = load_tokenizer(args.model_name, args.stop_token)
+    check_end_token(tokenizer, args)
+    end_token = end_token_of(tokenizer, args)  # detail 36: appended to every text scored
 
     # 2. preferences: with --gold, sample and label them, and write the file before training on it
     preferences = args.preferences
@@ -286,15 +307,21 @@ def main(args: Args) -> dict:
         del policy, gold_fn
         preferences = write_preferences(sampled, os.path.join(run_dir, "preferences.jsonl"))
         comparisons = read_preferences(preferences, args)
-    train_indices, eval_indices = split_comparisons(len(comparisons), args.eval_fraction, args.seed)
+    train_indices, eval_indices = split_comparisons([c["prompt"] for c in comparisons], args.eval_fraction,
+                                                    args.seed)  # detail 39
     train_set, eval_set = [comparisons[i] for i in train_indices], [comparisons[i] for i in eval_indices]
     has_gold = all("gold_chosen" in c and "gold_rejected" in c for c in eval_set)
     gold_accuracy = comparison_accuracy(*(torch.tensor([c[k] for c in eval_set], dtype=torch.float64)
                                           for k in ("gold_chosen", "gold_rejected"))) if has_gold else None
 
-    # 3. the reward model: the policy's backbone and a scalar head (detail 35), Adam (detail 3)
+    # 3. the reward model: the policy's backbone and a scalar head (detail 35), Adam (detail 3), the head at
+    # its own learning rate (detail 40)
     reward_model = load_reward_model(args.model_name, device)
-    optimizer = torch.optim.Adam(reward_model.parameters(), lr=args.learning_rate, eps=1e-5)
+    backbone = [p for name, p in reward_model.named_parameters() if not name.startswith("score.")]
+    learning_rates = (args.learning_rate, args.head_learning_rate)
+    optimizer = torch.optim.Adam([{"params": backbone, "lr": args.learning_rate},
+                                  {"params": reward_model.score.parameters(), "lr": args.head_learning_rate}],
+                                 eps=1e-5)
     writer = SummaryWriter(run_dir)
     writer.add_text("hyperparameters", "\n".join(f"|{k}|{v}|" for k, v in [("param", "value"), ("-", "-"),
                                                                             *vars(args).items()]))
@@ -308,7 +335,9 @@ def main(args: Args) -> dict:
         if gold_accuracy is not None:  # detail 39: the ceiling, beside the reward model's accuracy
             writer.add_scalar("eval/gold_accuracy", gold_accuracy, step)
 
-    print(f"{len(train_set)} training and {len(eval_set)} held-out comparisons, {num_steps} steps")
+    num_eval_prompts = len({c["prompt"] for c in eval_set})
+    print(f"{len(train_set)} training and {len(eval_set)} held-out comparisons ({num_eval_prompts} held-out "
+          f"prompts), {num_steps} steps")
     try:
         held_out_evaluation()
         for epoch in range(args.num_epochs):  # detail 40
@@ -316,14 +345,16 @@ def main(args: Args) -> dict:
             for start in range(0, len(train_set) - args.batch_size + 1, args.batch_size):
                 step += 1
                 if args.anneal_lr:  # detail 4
-                    optimizer.param_groups[0]["lr"] = (1.0 - (step - 1.0) / num_steps) * args.learning_rate
+                    for group, learning_rate in zip(optimizer.param_groups, learning_rates):
+                        group["lr"] = (1.0 - (step - 1.0) / num_steps) * learning_rate
 
                 # 4. update: the Bradley-Terry loss of each micro-batch, gradients accumulated
                 losses, accuracies = [], []
                 for micro_start in range(start, start + args.batch_size, args.micro_batch_size):
                     batch = [train_set[i] for i in order[micro_start : micro_start + args.micro_batch_size]]
                     texts = [c["prompt"] + c[key] for key in ("chosen", "rejected") for c in batch]
-                    scores = score_texts(reward_model, tokenizer, texts, args.max_length, device)  # detail 37
+                    scores = score_texts(reward_model, tokenizer, texts, end_token, args.max_length,
+                                         device)  # detail 37
                     chosen_scores, rejected_scores = scores[: len(batch)], scores[len(batch) :]
                     loss = preference_loss(chosen_scores, rejected_scores)
                     (loss / args.gradient_accumulation_steps).backward()
@@ -337,6 +368,7 @@ def main(args: Args) -> dict:
                 writer.add_scalar("losses/reward_loss", float(np.mean(losses)), step)
                 writer.add_scalar("charts/accuracy", float(np.mean(accuracies)), step)
                 writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], step)
+                writer.add_scalar("charts/head_learning_rate", optimizer.param_groups[1]["lr"], step)
                 if args.eval_every > 0 and step % args.eval_every == 0 and step < num_steps:
                     held_out_evaluation()
                 print(f"epoch {epoch + 1} step {step}/{num_steps} loss {np.mean(losses):.4f} "
@@ -348,11 +380,13 @@ def main(args: Args) -> dict:
 
     # 6. normalize / save
     result = {"run_dir": run_dir, "preferences": preferences, "steps": step, "gold_accuracy": gold_accuracy,
-              **{f"eval_{k}": v for k, v in eval_stats.items()}}
+              **{f"eval_{k}": v for k, v in eval_stats.items() if k != "margins"}}
     try:
         if not interrupted:
             gold = f", the gold labeler's {gold_accuracy:.3f}" if gold_accuracy is not None else ""
-            print(f"held-out accuracy {eval_stats['accuracy']:.3f} on {len(eval_set)} comparisons{gold}")
+            print(f"held-out accuracy {eval_stats['accuracy']:.3f} on {len(eval_set)} comparisons of "
+                  f"{num_eval_prompts} prompts{gold}")
+            result["held_out_scores"] = write_held_out_scores(eval_indices, eval_stats["margins"], run_dir)
         if args.save_model:
             gain, bias = 1.0, 0.0
             if args.normalize:  # detail 31: on the responses of the preference file
@@ -362,7 +396,7 @@ def main(args: Args) -> dict:
                 with torch.no_grad():
                     reward_model.score.weight.mul_(gain)  # exact: the head is linear and has no bias
             result.update(model_path=os.path.join(run_dir, "model"), reward_gain=gain, reward_bias=bias)
-            save_reward_model(reward_model, args.model_name, result["model_path"], bias)
+            save_reward_model(reward_model, args.model_name, result["model_path"], bias, end_token)
             print(f"reward model saved to {result['model_path']} (normalized: gain {gain:.4g}, "
                   f"reward_bias {bias:.4g})")
     except KeyboardInterrupt:
@@ -390,9 +424,10 @@ def check_args(args: Args) -> None:
             lambda v: v >= 1, "at least 1")
     require(("max_length",), lambda v: v >= 2, "at least 2")
     require(("eval_every",), lambda v: v >= 0, "at least 0")
-    require(("gold_beta", "temperature", "learning_rate", "max_grad_norm"),
+    require(("gold_beta", "temperature", "learning_rate", "head_learning_rate", "max_grad_norm"),
             lambda v: v > 0 and math.isfinite(v), "positive")
     require(("eval_fraction",), lambda v: 0 < v < 1, "between 0 and 1 (exclusive)")
+    require(("readout",), lambda v: v in ("end", "last"), "`end` or `last`")
     if not 0 <= args.min_response_length < args.response_length:
         raise SystemExit(f"error: --min-response-length {args.min_response_length} must be at least 0 and "
                          f"smaller than --response-length {args.response_length}")
@@ -426,14 +461,41 @@ def check_args(args: Args) -> None:
         raise SystemExit(f"error: --gold {args.gold}: not `vader`, `length` or a sequence-classifier folder")
     if args.prompts_file is not None and not os.path.isfile(args.prompts_file):
         raise SystemExit(f"error: --prompts-file {args.prompts_file}: no such file")
-    check_split(args.num_comparisons, args)
+    check_split(load_prompts(args), args.num_comparisons, args)
 
 
-def check_split(num_comparisons: int, args: Args) -> None:
-    num_train = len(split_comparisons(num_comparisons, args.eval_fraction, args.seed)[0])
+def check_split(prompts: list[str], num_comparisons: int, args: Args) -> None:
+    """Stop if the split by prompt leaves no training prompt, or fewer training comparisons than a batch: the
+    comparisons of a file (num_comparisons = len(prompts)), or with --gold about as many as expected from
+    num_comparisons drawn from these prompts."""
+    train, _ = split_comparisons(prompts, args.eval_fraction, args.seed)
+    if not train:
+        raise SystemExit(f"error: --eval-fraction {args.eval_fraction} holds out all {len(set(prompts))} "
+                         f"distinct prompts: the split is by prompt; lower it or use more prompts")
+    num_train = round(len(train) * num_comparisons / len(prompts))
+    about = "" if num_comparisons == len(prompts) else "about "
     if num_train < args.batch_size:
-        raise SystemExit(f"error: --batch-size {args.batch_size} is larger than the {num_train} training "
-                         f"comparisons (after --eval-fraction {args.eval_fraction}); lower it or add some")
+        raise SystemExit(f"error: --batch-size {args.batch_size} is larger than the {about}{num_train} "
+                         f"training comparisons (after --eval-fraction {args.eval_fraction} of the prompts "
+                         f"held out); lower it or add comparisons")
+
+
+def check_end_token(tokenizer, args: Args) -> None:
+    """--readout end appends the EOS to every text: it must exist and be read as one token."""
+    if args.readout == "end" and (tokenizer.eos_token is None or tokenizer.encode(
+            "x" + tokenizer.eos_token, add_special_tokens=False)[-1:] != [tokenizer.eos_token_id]):
+        raise SystemExit(f"error: --readout end: the tokenizer of {args.model_name} has no EOS token that "
+                         f"text can end with; pass --readout last")
+
+
+def write_held_out_scores(indices: list[int], margins: list[float], run_dir: str) -> str:
+    """<run dir>/held_out_scores.jsonl: the held-out comparisons (0-based lines of the preference file) and
+    their margins chosen_scores - rejected_scores, for benchmarks/preference_baselines.py --scores."""
+    path = os.path.join(run_dir, "held_out_scores.jsonl")
+    with open(path, "w") as f:
+        for index, margin in zip(indices, margins):
+            f.write(json.dumps({"index": index, "margin": margin}) + "\n")
+    return path
 
 
 def read_preferences(path: str, args: Args) -> list[dict]:
@@ -460,7 +522,7 @@ def read_preferences(path: str, args: Args) -> list[dict]:
             comparisons.append(comparison)
     if not comparisons:
         raise SystemExit(f"error: --preferences {path} contains no comparisons")
-    check_split(len(comparisons), args)
+    check_split([c["prompt"] for c in comparisons], len(comparisons), args)
     return comparisons
 
 
@@ -554,24 +616,33 @@ def load_gold_fn(args: Args, device: torch.device):
         gold_tokenizer.pad_token = gold_tokenizer.eos_token  # it reads plain text: EOS is a safe pad
     gold_model.config.pad_token_id = gold_tokenizer.pad_token_id
     reward_bias = getattr(gold_model.config, "reward_bias", 0.0)  # a folder this script saved
+    end_token = getattr(gold_model.config, "reward_end_token", None)  # read as it was trained (detail 36)
 
     @torch.inference_mode()
     def gold_fn(texts, responses):
+        if end_token is not None:
+            batch = gold_tokenizer([t + end_token for t in texts], padding=True, truncation=True,
+                                   return_tensors="pt").to(device)
+            scores = reward_scores(gold_model, batch["input_ids"], batch["attention_mask"])
+            return scores.float() + reward_bias
         inputs = gold_tokenizer(texts, padding=True, truncation=True, return_tensors="pt").to(device)
         return gold_model(**inputs).logits[:, label].float() + reward_bias
 
     return gold_fn
 
 
-def save_reward_model(reward_model: nn.Module, model_name: str, path: str, reward_bias: float) -> None:
-    """save_pretrained with a tokenizer plain transformers can use as it is: right padding (the position
-    ids transformers makes are then those of detail 25) and a pad id the model can embed (EOS if none)."""
+def save_reward_model(reward_model: nn.Module, model_name: str, path: str, reward_bias: float,
+                      end_token: str) -> None:
+    """save_pretrained with a tokenizer that pads on the right with an id the model can embed (EOS if none),
+    and the end token the loaders append (detail 36; they read the score where the attention mask ends, as
+    the pad token may be that end token; with --readout last, plain transformers' readout is the score)."""
     tokenizer = from_pretrained(AutoTokenizer, model_name, "--model-name", padding_side="right",
                                 truncation_side="left")
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     reward_model.config.pad_token_id = tokenizer.pad_token_id
     reward_model.config.reward_bias = reward_bias  # detail 31: normalized score = logits[:, 0] + reward_bias
+    reward_model.config.reward_end_token = end_token or None  # detail 36: appended by the loaders (None: not)
     reward_model.save_pretrained(path)
     tokenizer.save_pretrained(path)
 

@@ -17,9 +17,11 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (AutoModelForSequenceClassification, AutoTokenizer, GPT2Config,
-                          GPT2ForSequenceClassification, GPT2LMHeadModel, PreTrainedTokenizerFast)
+                          GPT2ForSequenceClassification, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
+                          PreTrainedTokenizerFast)
 from tyro._docstrings import get_field_docstring
 
+import grpo_gpt2
 import ppo_rlhf_gpt2 as rlhf
 import reward_model_gpt2 as rm
 
@@ -30,6 +32,7 @@ CPU = torch.device("cpu")
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """A tiny GPT-2 policy (dropout in its config, no pad token, like GPT-2) saved to a temporary folder."""
+    torch.set_num_threads(1)  # as the script's runs: two threads on two busy cores are many times slower
     root = tmp_path_factory.mktemp("tiny_reward_models")
     texts = rm.PROMPTS + ["It was great. I loved it. The best film of the year.",
                           "Terrible acting, an awful plot. A bad movie.", "Some scenes work. Others do not."]
@@ -55,7 +58,16 @@ def tiny(tmp_path_factory):
         policy.transformer.ln_f.bias.copy_(3.0 * dot / dot.dot(dot))  # adds 3 to the logit of "."
     policy.save_pretrained(root / "stops")
     hf_tokenizer.save_pretrained(root / "stops")
-    return {"policy": str(root / "policy"), "stops": str(root / "stops"), "root": root}
+    # SmolLM2's case: a Llama whose tokenizer pads with its EOS
+    smol_tokenizer = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=EOS, eos_token=EOS,
+                                             unk_token=EOS, pad_token=EOS)
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(hf_tokenizer), hidden_size=32, intermediate_size=64,
+                                 num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                                 max_position_embeddings=128, bos_token_id=eos_id, eos_token_id=eos_id,
+                                 pad_token_id=eos_id)).save_pretrained(root / "smol")
+    smol_tokenizer.save_pretrained(root / "smol")
+    return {"policy": str(root / "policy"), "stops": str(root / "stops"), "smol": str(root / "smol"),
+            "root": root}
 
 
 def tiny_args(tiny, tmp_path, **overrides) -> rm.Args:
@@ -137,13 +149,27 @@ def test_score_normalization():
                                                                 pytest.approx(-0.25 * 2 ** 0.5 / 0.5))
 
 
-def test_split_comparisons_is_seeded_disjoint_and_complete():
-    train, held_out = rm.split_comparisons(40, 0.25, seed=3)
-    assert len(held_out) == 10 and sorted(train + held_out) == list(range(40))
-    assert (train, held_out) == rm.split_comparisons(40, 0.25, seed=3)
-    assert held_out != rm.split_comparisons(40, 0.25, seed=4)[1]
-    assert held_out != list(range(10))  # shuffled, not the first lines of the file
-    assert len(rm.split_comparisons(5, 0.01, seed=0)[1]) == 1  # at least one held-out comparison
+def test_split_holds_out_whole_prompts_seeded_and_stable():
+    """detail 39: round(fraction x distinct prompts) prompts (at least one) are held out with all their
+    comparisons, those with the smallest keys random.Random(f"{seed} {prompt}").random(); so the first lines
+    of a file that hold the same prompts hold out the same ones."""
+    prompts = [f"prompt {k % 10}" for k in range(57)]  # 10 distinct prompts, 5 or 6 comparisons each
+    train, held_out = rm.split_comparisons(prompts, 0.3, seed=3)
+    assert sorted(train + held_out) == list(range(57)) and train == sorted(train) and held_out == sorted(held_out)
+    held_prompts = {prompts[i] for i in held_out}
+    assert len(held_prompts) == 3 and not held_prompts & {prompts[i] for i in train}
+    keys = {p: random.Random(f"3 {p}").random() for p in set(prompts)}
+    assert held_prompts == set(sorted(keys, key=keys.get)[:3])
+    assert held_prompts != {f"prompt {k}" for k in range(3)}  # not the first prompts of the file
+    assert (train, held_out) == rm.split_comparisons(prompts, 0.3, seed=3)
+    assert held_prompts != {prompts[i] for i in rm.split_comparisons(prompts, 0.3, seed=4)[1]}
+    # the first 30 lines hold all 10 prompts: the same prompts held out, whatever the order of the lines
+    assert rm.split_comparisons(prompts[:30], 0.3, seed=3)[1] == [i for i in held_out if i < 30]
+    shuffled = prompts[::-1]
+    assert {shuffled[i] for i in rm.split_comparisons(shuffled, 0.3, seed=3)[1]} == held_prompts
+    # at least one prompt held out; a single prompt leaves nothing to train on
+    assert len({prompts[i] for i in rm.split_comparisons(prompts, 0.01, 0)[1]}) == 1
+    assert rm.split_comparisons(["a"] * 4, 0.5, 0) == ([], [0, 1, 2, 3])
 
 
 def test_truncate_after_stop_token():
@@ -182,13 +208,37 @@ def test_score_is_read_at_the_last_real_token_whatever_the_padding(tiny):
         assert (unmasked - expected).abs().max() > 1e-3, side  # the garbage would change the result
     # the script's own tokenization (left padding, a pad id outside the embedding) gives the same scores
     with torch.no_grad():
-        torch.testing.assert_close(rm.score_texts(model, tokenizer, texts, 64, CPU), expected, atol=1e-5,
+        torch.testing.assert_close(rm.score_texts(model, tokenizer, texts, "", 64, CPU), expected, atol=1e-5,
                                    rtol=1e-4)
     # a text longer than max_length loses its first tokens: scored as its last 4 tokens alone
     with torch.no_grad():
         last_four = model(input_ids=torch.tensor([ids[1][-4:]])).logits[0, 0]
-        truncated = rm.score_texts(model, tokenizer, texts[1:2], 4, CPU)[0]
+        truncated = rm.score_texts(model, tokenizer, texts[1:2], "", 4, CPU)[0]
     torch.testing.assert_close(truncated, last_four, atol=1e-5, rtol=1e-4)
+
+
+def test_score_is_read_at_an_appended_end_token(tiny):
+    """detail 36 (--readout end, the default): every text gets the EOS appended, and the score is the head at
+    that EOS: plain transformers on text + EOS alone. A text cut by max_length keeps its end and the EOS."""
+    model = loaded_reward_model(tiny)
+    tokenizer, _ = rm.load_tokenizer(tiny["policy"], ".")
+    assert rm.end_token_of(tokenizer, rm.Args()) == EOS and rm.end_token_of(tokenizer, rm.Args(readout="last")) == ""
+    texts = ["This movie was great.", "I went into this film expecting a lot, and it was", "The"]
+    eos_id = tokenizer.eos_token_id
+    ids = [tokenizer(t)["input_ids"] + [eos_id] for t in texts]
+    assert all(tokenizer(t + EOS)["input_ids"] == i for t, i in zip(texts, ids))  # the EOS is one token
+    with torch.no_grad():
+        expected = torch.stack([model(input_ids=torch.tensor([i])).logits[0, 0] for i in ids])
+        at_last = torch.stack([model(input_ids=torch.tensor([i[:-1]])).logits[0, 0] for i in ids])
+        scores = rm.score_texts(model, tokenizer, texts, EOS, 64, CPU)
+        args = rm.Args(forward_batch_size=2)
+        torch.testing.assert_close(rm.score_in_chunks(model, tokenizer, texts, args, CPU), expected, atol=1e-5,
+                                   rtol=1e-4)
+        truncated = rm.score_texts(model, tokenizer, texts[1:2], EOS, 4, CPU)[0]
+        last_three_and_eos = model(input_ids=torch.tensor([ids[1][-4:]])).logits[0, 0]
+    torch.testing.assert_close(scores, expected, atol=1e-5, rtol=1e-4)
+    assert (expected - at_last).abs().min() > 1e-3  # reading the last token instead would show
+    torch.testing.assert_close(truncated, last_three_and_eos, atol=1e-5, rtol=1e-4)
 
 
 def test_reward_model_starts_from_the_policy_with_a_scaled_head_and_dropout_off(tiny):
@@ -222,19 +272,21 @@ def test_evaluate_by_hand_over_several_chunks(tiny):
     and rejected halves), against plain transformers on each text alone and the per-pair formulas."""
     model = loaded_reward_model(tiny)
     tokenizer, _ = rm.load_tokenizer(tiny["policy"], ".")
-    comparisons = [{"prompt": "This movie was", "chosen": " great.", "rejected": " bad, and too long."},
+    comparisons = [{"prompt": "This movie was", "chosen": " bad, and too long.", "rejected": " great."},
                    {"prompt": "I went into this film expecting", "chosen": " a lot", "rejected": " nothing"},
                    {"prompt": "The", "chosen": " plot works.", "rejected": " ending fails"}]
 
-    def score(text):
+    def score(text):  # detail 36: the head at the EOS appended to the text
         with torch.no_grad():
-            return model(input_ids=torch.tensor([tokenizer(text)["input_ids"]])).logits[0, 0].item()
+            ids = tokenizer(text)["input_ids"] + [tokenizer.eos_token_id]
+            return model(input_ids=torch.tensor([ids])).logits[0, 0].item()
 
     margins = [score(c["prompt"] + c["chosen"]) - score(c["prompt"] + c["rejected"]) for c in comparisons]
     assert len({m > 0 for m in margins}) == 2  # some pairs in order, some not: the accuracy is informative
     stats = rm.evaluate(model, tokenizer, comparisons, rm.Args(forward_batch_size=2), CPU)
     assert stats["reward_loss"] == pytest.approx(sum(math.log1p(math.exp(-m)) for m in margins) / 3, rel=1e-4)
     assert stats["accuracy"] == pytest.approx(sum(m > 0 for m in margins) / 3)
+    assert stats["margins"] == pytest.approx(margins, rel=1e-4, abs=1e-5)
 
 
 def test_sample_comparisons_pairs_two_responses_to_one_prompt_labeled_by_gold(tiny, monkeypatch):
@@ -436,7 +488,7 @@ def test_accumulated_micro_batches_give_the_gradient_of_the_whole_batch(tiny, tm
 
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip)
     for steps in (1, 4):
-        rm.main(tiny_args(tiny, tmp_path / str(steps), num_comparisons=12, batch_size=8, eval_fraction=0.3,
+        rm.main(tiny_args(tiny, tmp_path / str(steps), num_comparisons=12, batch_size=8, eval_fraction=0.1,
                           gradient_accumulation_steps=steps))
     whole, accumulated = grads
     for a, b in zip(whole, accumulated):
@@ -447,25 +499,29 @@ def test_learning_a_separable_preference_and_the_logs(tiny, tmp_path):
     """gold `length` with beta ~ 0: the longer response is chosen (ties aside). A few epochs must put the
     held-out accuracy near the gold labeler's; an untrained or broken model stays near 1/2."""
     args = tiny_args(tiny, tmp_path, model_name=tiny["stops"], num_comparisons=192, eval_fraction=0.25,
-                     batch_size=16, num_epochs=4, learning_rate=3e-3, gold_beta=1e-6, eval_every=3,
-                     response_length=12)
+                     batch_size=16, num_epochs=4, learning_rate=3e-3, head_learning_rate=1e-2, gold_beta=1e-6,
+                     eval_every=3, response_length=12)
     result = rm.main(args)
     scalars = read_scalars(result["run_dir"])
     lines = read_lines(result["preferences"])
-    held_out = [lines[i] for i in rm.split_comparisons(192, 0.25, 1)[1]]
+    train_indices, held_out_indices = rm.split_comparisons([c["prompt"] for c in lines], 0.25, 1)
+    held_out = [lines[i] for i in held_out_indices]
     gold = sum(1.0 if c["gold_chosen"] > c["gold_rejected"] else 0.5 if c["gold_chosen"] == c["gold_rejected"]
                else 0.0 for c in held_out) / len(held_out)
     assert result["gold_accuracy"] == pytest.approx(gold)
-    assert len(held_out) == 48
+    distinct = len({c["prompt"] for c in lines})
+    assert len({c["prompt"] for c in held_out}) == round(0.25 * distinct) and distinct > 60
     assert scalars["eval/accuracy"][0][1] < 0.75  # at step 0, before any training
     assert gold > 0.9
     assert result["eval_accuracy"] > 0.75 and result["eval_accuracy"] > gold - 0.2, (result, gold)
-    steps = 4 * (144 // 16)
+    steps = 4 * (len(train_indices) // 16)
     assert result["steps"] == steps
-    for tag in ("losses/reward_loss", "charts/accuracy", "charts/learning_rate"):
+    for tag in ("losses/reward_loss", "charts/accuracy", "charts/learning_rate", "charts/head_learning_rate"):
         assert [s for s, _ in scalars[tag]] == list(range(1, steps + 1)), tag
     assert [v for _, v in scalars["charts/learning_rate"]] == pytest.approx(
         [3e-3 * (1 - k / steps) for k in range(steps)])
+    assert [v for _, v in scalars["charts/head_learning_rate"]] == pytest.approx(
+        [1e-2 * (1 - k / steps) for k in range(steps)])
     eval_steps = [0] + list(range(3, steps, 3)) + [steps]
     for tag in ("eval/accuracy", "eval/reward_loss", "eval/gold_accuracy"):
         assert [s for s, _ in scalars[tag]] == eval_steps, tag
@@ -481,11 +537,14 @@ def test_main_passes_each_quantity_where_it_belongs(tiny, tmp_path, monkeypatch)
     scoring and evaluation functions is recorded and checked against the split and the file, and every
     logged loss and accuracy against numbers computed here from the recorded scores."""
     n, seed = 24, 1
-    order = list(range(n))
-    random.Random(seed).shuffle(order)  # the seeded split of detail 39, written out
-    held_out, training = order[:6], order[6:]
+    prompts = [rm.PROMPTS[i // 2] for i in range(n)]  # 12 prompts, two comparisons each
+    keys = {p: random.Random(f"{seed} {p}").random() for p in prompts}  # detail 39, written out
+    held_out_prompts = sorted(keys, key=keys.get)[:3]  # 0.25 of the 12 prompts
+    held_out = [i for i in range(n) if prompts[i] in held_out_prompts]
+    training = [i for i in range(n) if i not in held_out]
+    assert len(held_out) == 6 and held_out != [i for i in range(n) if i // 2 < 3]
     # gold agrees with the label on every training pair, and on 2 of the 6 held-out ones
-    comparisons = [{"prompt": rm.PROMPTS[i], "chosen": f" a good film, scene {i}.",
+    comparisons = [{"prompt": prompts[i], "chosen": f" a good film, scene {i}.",
                     "rejected": f" a bad film, scene {i}.", "gold_chosen": 1.0, "gold_rejected": 0.0}
                    for i in range(n)]
     for i in held_out[2:]:
@@ -504,6 +563,7 @@ def test_main_passes_each_quantity_where_it_belongs(tiny, tmp_path, monkeypatch)
     def score_texts(*a, **kw):
         scores = real_score_texts(*a, **kw)
         if torch.is_grad_enabled():
+            assert a[3] == EOS  # detail 36: trained where it is read
             trained.append((a[2], scores.detach().clone()))
         return scores
 
@@ -520,7 +580,7 @@ def test_main_passes_each_quantity_where_it_belongs(tiny, tmp_path, monkeypatch)
     indices = []
     for texts, _ in trained:
         indices.append([int(t.split()[-1][:-1]) for t in texts[:3]])
-        chosen = [rm.PROMPTS[i] + f" a good film, scene {i}." for i in indices[-1]]
+        chosen = [prompts[i] + f" a good film, scene {i}." for i in indices[-1]]
         assert texts == chosen + [t.replace(" a good film", " a bad film") for t in chosen]
     epochs = [sum(indices[6 * e : 6 * e + 6], []) for e in range(2)]
     for epoch in epochs:  # each training comparison once an epoch, in a shuffled order
@@ -538,11 +598,23 @@ def test_main_passes_each_quantity_where_it_belongs(tiny, tmp_path, monkeypatch)
     assert differing  # some step's micro-batches differ, so a wrong mean would show
     assert [v for _, v in scalars["losses/reward_loss"]] == pytest.approx(losses, rel=1e-5)
     assert [v for _, v in scalars["charts/accuracy"]] == pytest.approx(accuracies)
+    # the final held-out margins, in the file's order, with the final accuracy and loss
+    lines = read_lines(result["held_out_scores"])
+    assert result["held_out_scores"] == os.path.join(result["run_dir"], "held_out_scores.jsonl")
+    assert [line["index"] for line in lines] == held_out
+    margins = [line["margin"] for line in lines]
+    assert result["eval_accuracy"] == pytest.approx(sum(1.0 if m > 0 else 0.5 if m == 0 else 0.0
+                                                        for m in margins) / 6)
+    assert result["eval_reward_loss"] == pytest.approx(sum(math.log1p(math.exp(-m)) for m in margins) / 6,
+                                                       rel=1e-5)
+    assert len(set(margins)) == 6 and "eval_margins" not in result
 
 
-def test_one_step_trains_every_parameter(tiny, tmp_path, monkeypatch):
+def test_one_step_trains_every_parameter_the_head_at_its_own_learning_rate(tiny, tmp_path, monkeypatch):
     """After the first backward pass, every parameter (the backbone's and the head's) has a nonzero
-    gradient, and the optimizer changes them all."""
+    gradient, and the optimizer changes them all; Adam's first step moves a weight by its learning rate times
+    g / (|g| + eps), so the largest move is about the learning rate: --head-learning-rate for the head,
+    --learning-rate for the backbone (detail 40)."""
     grads, models = [], []
     real_clip = torch.nn.utils.clip_grad_norm_
     real_load = rm.load_reward_model
@@ -559,42 +631,59 @@ def test_one_step_trains_every_parameter(tiny, tmp_path, monkeypatch):
 
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip)
     monkeypatch.setattr(rm, "load_reward_model", load)
-    rm.main(tiny_args(tiny, tmp_path, num_comparisons=12, batch_size=8, eval_fraction=0.3))
+    rm.main(tiny_args(tiny, tmp_path, num_comparisons=12, batch_size=8, eval_fraction=0.1, learning_rate=1e-4,
+                      head_learning_rate=3e-2))
     model, initial = models
     assert len(grads) == 1
     named = dict(model.named_parameters())
     assert len(grads[0]) == len(named) and "score.weight" in named
     for (name, p), g in zip(named.items(), grads[0]):
         assert g is not None and g.abs().sum() > 0, name
-        assert not torch.equal(p, initial[name]) or name == "score.weight", name
-    assert not torch.equal(named["score.weight"], initial["score.weight"])
+        assert not torch.equal(p, initial[name]), name
+    moves = {name: (p - initial[name]).abs().max().item() for name, p in named.items()}
+    assert moves.pop("score.weight") == pytest.approx(3e-2, rel=1e-2)
+    assert max(moves.values()) == pytest.approx(1e-4, rel=1e-2)
 
 
-def test_saved_folder_normalized_loads_with_plain_transformers(tiny, tmp_path):
-    result = rm.main(tiny_args(tiny, tmp_path, save_model=True, num_comparisons=24, num_epochs=2))
+@pytest.mark.parametrize("policy, readout", [("policy", "end"), ("smol", "end"), ("smol", "last")])
+def test_saved_folder_normalized_and_read_by_the_loaders_as_here(tiny, tmp_path, policy, readout):
+    """The saved folder, read by ppo_rlhf_gpt2.py's and grpo_gpt2.py's load_reward_fn, gives the scores this
+    script gives the same texts, and those are the head at the appended EOS (--readout last: at the text's
+    last token) computed by hand, normalized to mean 0 and std 1 on the file's responses (detail 31). The
+    saved tokenizers pad with the EOS (`smol`'s own pad token is its EOS, as SmolLM2's; GPT-2 has none), so
+    transformers' own readout skips an appended EOS: right only with --readout last."""
+    result = rm.main(tiny_args(tiny, tmp_path, model_name=tiny[policy], save_model=True, num_comparisons=24,
+                               num_epochs=2, readout=readout))
     folder = result["model_path"]
     assert folder == os.path.join(result["run_dir"], "model")
     lines = read_lines(result["preferences"])
     texts = [c["prompt"] + c[k] for c in lines for k in ("chosen", "rejected")]
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
-    assert isinstance(model, GPT2ForSequenceClassification) and model.config.num_labels == 1
+    assert model.config.num_labels == 1 and model.config.reward_end_token == (EOS if readout == "end" else None)
     assert isinstance(model.config.reward_bias, float) and model.config.reward_bias == result["reward_bias"]
-    batch = tokenizer(texts, padding=True, return_tensors="pt")
-    assert (batch["attention_mask"] == 0).any()  # really padded
-    with torch.no_grad():
-        plain = model(**batch).logits[:, 0] + model.config.reward_bias
-    # detail 31: mean 0 and std 1 on the responses of the preference file
-    assert statistics.mean(plain.tolist()) == pytest.approx(0, abs=1e-4)
-    assert statistics.stdev(plain.tolist()) == pytest.approx(1, abs=1e-4)
-    # the script's own scoring of the loaded folder gives the same scores
+    end = [tokenizer.eos_token_id] if readout == "end" else []
+    with torch.no_grad():  # by hand: each text alone, the head on the final hidden state of its last token
+        by_hand = torch.stack([model.score(model.base_model(input_ids=torch.tensor(
+            [tokenizer(t)["input_ids"] + end])).last_hidden_state[0, -1])[0] for t in texts])
+    by_hand += model.config.reward_bias
+    assert statistics.mean(by_hand.tolist()) == pytest.approx(0, abs=1e-4)
+    assert statistics.stdev(by_hand.tolist()) == pytest.approx(1, abs=1e-4)
     own_tokenizer, _ = rm.load_tokenizer(folder, ".")
     with torch.no_grad():
-        own = rm.score_texts(model, own_tokenizer, texts, 128, CPU) + model.config.reward_bias
-    torch.testing.assert_close(own, plain, atol=1e-4, rtol=1e-4)
-    # and ppo_rlhf_gpt2.py's reward function reads the folder as the same normalized scores
-    reward_fn = rlhf.load_reward_fn(rlhf.Args(reward_model=folder), CPU)
-    torch.testing.assert_close(reward_fn(texts, texts), plain, atol=1e-4, rtol=1e-4)
+        own = rm.score_texts(model, own_tokenizer, texts, EOS if readout == "end" else "", 128, CPU)
+    torch.testing.assert_close(own + model.config.reward_bias, by_hand, atol=1e-4, rtol=1e-4)
+    for loader in (rlhf, grpo_gpt2):
+        reward_fn = loader.load_reward_fn(loader.Args(reward_model=folder), CPU)
+        torch.testing.assert_close(reward_fn(texts, texts), by_hand, atol=1e-4, rtol=1e-4)
+    batch = tokenizer([t + EOS for t in texts] if readout == "end" else texts, padding=True, return_tensors="pt")
+    assert (batch["attention_mask"] == 0).any()  # really padded
+    with torch.no_grad():
+        transformers_readout = model(**batch).logits[:, 0] + model.config.reward_bias
+    if readout == "end":
+        assert (transformers_readout - by_hand).abs().max() > 1e-3
+    else:
+        torch.testing.assert_close(transformers_readout, by_hand, atol=1e-4, rtol=1e-4)
 
 
 def test_round_trip_into_ppo_rlhf_gpt2(tiny, tmp_path):
@@ -620,7 +709,10 @@ BAD_FILES = {
              '"rejected": " b"}\n', "line 2: chosen and rejected are the same"),
     "empty_response": ('{"prompt": "a", "chosen": " ", "rejected": " c"}\n', "line 1: an empty response"),
     "no_lines": ("", "contains no comparisons"),
-    "too_few": ('{"prompt": "a", "chosen": " b", "rejected": " c"}\n' * 4, "--batch-size 8 is larger than"),
+    "too_few": ("".join(f'{{"prompt": "{p}", "chosen": " b", "rejected": " c"}}\n' for p in "abcd"),
+                "--batch-size 8 is larger than the 3 training comparisons"),  # 1 of 4 prompts held out
+    "one_prompt": ('{"prompt": "a", "chosen": " b", "rejected": " c"}\n' * 9,
+                   "--eval-fraction 0.25 holds out all 1 distinct prompts"),
 }
 
 
@@ -637,7 +729,12 @@ BAD_FILES = {
     (dict(eval_fraction=1.0), "--eval-fraction"),
     (dict(batch_size=8, gradient_accumulation_steps=3), "--batch-size 8 is not divisible by"),
     (dict(batch_size=0), "--batch-size"),
-    (dict(batch_size=32, num_comparisons=32), "--batch-size 32 is larger than the 24 training"),
+    # 18 of the 72 prompts held out: about 32 x 54 / 72 = 24 of 32 comparisons left to train on
+    (dict(batch_size=32, num_comparisons=32), "--batch-size 32 is larger than the about 24 training"),
+    (dict(eval_fraction=0.995), "--eval-fraction 0.995 holds out all 72 distinct prompts"),
+    (dict(readout="first"), "--readout must be `end` or `last`"),
+    (dict(head_learning_rate=0.0), "--head-learning-rate"),
+    (dict(head_learning_rate=float("inf")), "--head-learning-rate"),
     (dict(num_comparisons=0), "--num-comparisons"),
     (dict(num_epochs=0), "--num-epochs"),
     (dict(temperature=0.0), "--temperature"),
@@ -674,18 +771,30 @@ def test_unloadable_models_and_bad_labels_fail_with_the_flag(tiny, tmp_path):
     AutoTokenizer.from_pretrained(tiny["policy"]).save_pretrained(folder)
     with pytest.raises(SystemExit, match="--gold-label 5"):
         rm.main(tiny_args(tiny, tmp_path, gold=str(folder), gold_label=5))
+    # --readout end needs an EOS to append; the error comes before any sampling, and names the way out
+    no_eos = tiny["root"] / "no_eos"
+    tokenizer = AutoTokenizer.from_pretrained(tiny["policy"])
+    tokenizer.eos_token = None
+    tokenizer.save_pretrained(no_eos)
+    GPT2LMHeadModel.from_pretrained(tiny["policy"]).save_pretrained(no_eos)
+    with pytest.raises(SystemExit, match="^error: --readout end: .* no EOS token .*pass --readout last$"):
+        rm.main(tiny_args(tiny, tmp_path / "no_eos", model_name=str(no_eos)))
+    assert not (tmp_path / "no_eos" / "runs").exists()
 
 
 def test_a_classifier_folder_as_gold(tiny, tmp_path):
-    """--gold FOLDER: a saved reward model of this script labels the comparisons with its normalized score."""
+    """--gold FOLDER: a saved reward model of this script labels the comparisons with its normalized score,
+    read where it was trained to read: the head at the appended EOS (by hand, each text alone)."""
     first = rm.main(tiny_args(tiny, tmp_path / "first", save_model=True, num_comparisons=16))
     second = rm.main(tiny_args(tiny, tmp_path / "second", gold=first["model_path"], num_comparisons=16))
     model = AutoModelForSequenceClassification.from_pretrained(first["model_path"])
     tokenizer = AutoTokenizer.from_pretrained(first["model_path"])
-    c = read_lines(second["preferences"])[0]
-    with torch.no_grad():
-        logits = model(**tokenizer([c["prompt"] + c["chosen"]], return_tensors="pt")).logits
-    assert c["gold_chosen"] == pytest.approx(logits[0, 0].item() + model.config.reward_bias, abs=1e-4)
+    for c in read_lines(second["preferences"]):
+        for key in ("chosen", "rejected"):
+            ids = tokenizer(c["prompt"] + c[key])["input_ids"] + [tokenizer.eos_token_id]
+            with torch.no_grad():
+                score = model.score(model.base_model(input_ids=torch.tensor([ids])).last_hidden_state[0, -1])
+            assert c[f"gold_{key}"] == pytest.approx(score.item() + model.config.reward_bias, abs=1e-4)
 
 
 # ---------------------------------------------------------------------------------------------- Ctrl-C
