@@ -740,10 +740,12 @@ def load_reward_fn(args: Args, device: torch.device):
         # The reward model reads plain detokenized text, without special tokens, so EOS is a safe pad here.
         reward_tokenizer.pad_token = reward_tokenizer.eos_token
     reward_model.config.pad_token_id = reward_tokenizer.pad_token_id
-    # reward_model_gpt2.py's readout: the score at an end token appended to every text, so that it is read
-    # at the same kind of position whether or not the response ended; found from the attention mask, as
-    # that end token may also be the pad token (which transformers' own readout would skip)
+    # reward_model_gpt2.py's readout: the score at an end token appended to every text, or (config
+    # reward_readout `mean`) the head on the mean final state over the response's tokens and that end token,
+    # so that it is read at the same kind of position whether or not the response ended; found from the
+    # attention mask, as that end token may also be the pad token (which transformers' own readout would skip)
     end_token = getattr(reward_model.config, "reward_end_token", None)
+    mean_readout = getattr(reward_model.config, "reward_readout", None) == "mean"
 
     @torch.inference_mode()
     def reward_fn(texts: list[str], responses: list[str]) -> torch.Tensor:
@@ -752,13 +754,18 @@ def load_reward_fn(args: Args, device: torch.device):
             inputs = reward_tokenizer(texts, padding=True, truncation=True, return_tensors="pt").to(device)
             return reward_model(**inputs).logits[:, label].float() + reward_bias
         inputs = reward_tokenizer([t + end_token for t in texts], padding=True, truncation=True,
-                                  return_tensors="pt").to(device)
-        mask = inputs["attention_mask"].bool()
-        hidden = reward_model.base_model(input_ids=inputs["input_ids"], attention_mask=mask,
+                                  return_tensors="pt", return_offsets_mapping=mean_readout)
+        mask = inputs["attention_mask"].bool().to(device)
+        hidden = reward_model.base_model(input_ids=inputs["input_ids"].to(device), attention_mask=mask,
                                          position_ids=(mask.cumsum(1) - 1).clamp(min=0)).last_hidden_state
-        last = (torch.arange(mask.shape[1], device=device) * mask).argmax(1)  # the end token, either padding
-        scores = reward_model.score(hidden[torch.arange(len(hidden), device=device), last])[:, 0]
-        return scores.float() + reward_bias
+        if mean_readout:  # the tokens ending after the query: the response's and the end token
+            starts = torch.tensor([len(t) - len(r) for t, r in zip(texts, responses)])
+            keep = (mask & (inputs["offset_mapping"][..., 1] > starts[:, None]).to(device)).float()
+            features = (keep.unsqueeze(-1) * hidden).sum(1) / keep.sum(1, keepdim=True)
+        else:
+            last = (torch.arange(mask.shape[1], device=device) * mask).argmax(1)  # the end token, any padding
+            features = hidden[torch.arange(len(hidden), device=device), last]
+        return reward_model.score(features)[:, 0].float() + reward_bias
 
     return reward_fn
 

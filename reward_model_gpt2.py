@@ -2,13 +2,13 @@
 
 Each comparison is a prompt and two responses to it, `chosen` and `rejected`. The reward model reads the text
 prompt + response (the string ppo_rlhf_gpt2.py's reward function receives) with an end token appended, and
-outputs one number, the score, read at that end token: a position every text has, whether or not the response
-ended. It starts from the policy's weights with a new scalar head, and learns to score the chosen response
-above the rejected one. Without human labelers, `--gold` makes the comparisons:
-two responses per prompt sampled from the policy, a gold scorer (vader sentiment, the length, or a classifier)
-standing in for the human, who prefers a response with the Bradley-Terry probability below. The file is
-written first, then trained on, so it can be read and reused; its gold scores give the gold labeler's own
-agreement with the labels, the ceiling of a reward model's held-out accuracy (the labels are noisy).
+outputs one number, the score, read from the final states of the response and that end token: positions every
+text has, whether or not the response ended. It starts from the policy's weights with a new scalar head, and
+learns to score the chosen response above the rejected one. Without human labelers, `--gold` makes the
+comparisons: two responses per prompt sampled from the policy, a gold scorer (vader sentiment, the length, or
+a classifier) standing in for the human, who prefers a response with the Bradley-Terry probability below. The
+file is written first, then trained on, so it can be read and reused; its gold scores give the gold labeler's
+own agreement with the labels, the ceiling of a reward model's held-out accuracy (the labels are noisy).
 The saved folder is what ppo_rlhf_gpt2.py's --reward-model reads.
 
 Papers: Ziegler et al. 2019, "Fine-Tuning Language Models from Human Preferences" (arXiv:1909.08593);
@@ -27,7 +27,8 @@ Usage:
 One comparison a line of --preferences (JSON): {"prompt": ..., "chosen": ..., "rejected": ...}; --gold adds
 "gold_chosen" and "gold_rejected". What the code computes (r: the reward model, sigma: the sigmoid):
     gold labeler:  P(a preferred to b) = sigma((gold_a - gold_b) / gold_beta)
-    scores         = r(prompt + response + end), the head's output at the appended end token (the EOS)
+    scores         = r(prompt + response + end), the head on the mean final state over the response's
+                     tokens and the appended end token (the EOS)
     reward_loss    = mean over pairs of -log sigma(chosen_scores - rejected_scores)
     accuracy       = share of pairs with chosen_scores > rejected_scores (ties count 1/2)
     normalization: gain = 1 / std(scores), bias = -mean(scores) * gain over all responses of the file
@@ -46,9 +47,12 @@ Implementation details; RLHF numbers as in ppo_rlhf_gpt2.py, 35 on for the rewar
     The gain is folded into the head's weight (exact; the head has no bias), the shift stored as
     config.reward_bias: ppo_rlhf_gpt2.py and grpo_gpt2.py read normalized scores off the saved folder.
 35. The reward model is the policy's backbone plus a scalar head, initialized N(0, 1 / (hidden + 1)).
-36. The score is read at an end token (the tokenizer's EOS) appended to every text, found from the attention
-    mask whatever the padding side (SmolLM2 pads with its EOS), saved as config.reward_end_token for the
-    loaders; --readout last reads the text's last token instead (mid-sentence where a response was cut).
+36. The score is read from the mean final state over the response's tokens and an end token (the
+    tokenizer's EOS) appended to every text (--readout mean): the response's tokens are those whose
+    characters end after the prompt's, the end token is found from the attention mask whatever the padding
+    side (SmolLM2 pads with its EOS). Saved as config.reward_end_token and config.reward_readout for the
+    loaders. --readout end reads the end token alone, --readout last the text's last token (mid-sentence
+    where a response was cut): linear probes of the frozen features carry less of the preferences there.
 37. Bradley-Terry loss; chosen and rejected responses in one forward pass.
 38. Synthetic labels: a gold scorer with Bradley-Terry noise, the pairs of identical responses dropped.
 39. A seeded held-out split by prompt (held-out prompts are never trained on), beside the gold labeler.
@@ -100,7 +104,8 @@ class Args:
     temperature: float = 0.7  # sampling temperature
     stop_token: str = "."  # `eos` or a single-token string: responses are truncated after it
     max_length: int = 128  # texts longer than this many tokens lose their first tokens (the end is scored)
-    readout: str = "end"  # `end`: score at an EOS appended to every text; `last`: at the text's last token
+    readout: str = "mean"  # `mean` over the response and an appended EOS; `end`: at that EOS; `last`: at the
+    # text's last token
 
     # algorithm
     num_epochs: int = 1  # passes over the training comparisons
@@ -207,21 +212,36 @@ def sample_comparisons(policy, prompts: list[str], tokenizer, stop_token_id: int
 # The reward model and the math (each function is tested against an explicit reference).
 
 
-def reward_scores(reward_model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """detail 36: the scalar head at the last real token (the rightmost position the mask keeps: the end token
-    where one was appended), so left and right padding give the same scores. Returns (batch,)."""
+def reward_scores(reward_model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                  readout_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """detail 36: the scalar head on the mean final state over the positions readout_mask keeps (--readout
+    mean: the response's tokens and the end token), or without one at the last real token (the rightmost
+    position the mask keeps: the end token where one was appended), so left and right padding give the same
+    scores. Returns (batch,)."""
     hidden = reward_model.base_model(**model_inputs(input_ids, attention_mask)).last_hidden_state
+    if readout_mask is not None:
+        weights = readout_mask.to(hidden.dtype) / readout_mask.sum(1, keepdim=True)
+        return reward_model.score((weights.unsqueeze(-1) * hidden).sum(1)).squeeze(-1)
     positions = torch.arange(input_ids.shape[1], device=input_ids.device)
     last_index = (positions * attention_mask.long()).argmax(1)
     return reward_model.score(hidden[torch.arange(len(hidden), device=hidden.device), last_index]).squeeze(-1)
 
 
-def score_texts(reward_model, tokenizer, texts: list[str], end_token: str, max_length: int, device
-                ) -> torch.Tensor:
-    """The scores of texts + end_token (detail 36; "" with --readout last), truncated from the left."""
+def score_texts(reward_model, tokenizer, texts: list[str], end_token: str, max_length: int, device,
+                response_starts: list[int] | None = None) -> torch.Tensor:
+    """The scores of texts + end_token (detail 36; "" with --readout last), truncated from the left. Given the
+    character where each response starts (--readout mean), the mean over the tokens that end after it: the
+    response's tokens and the end token."""
     batch = tokenizer([text + end_token for text in texts], padding=True, truncation=True,
-                      max_length=max_length, return_tensors="pt")
-    return reward_scores(reward_model, batch["input_ids"].to(device), batch["attention_mask"].to(device))
+                      max_length=max_length, return_tensors="pt",
+                      return_offsets_mapping=response_starts is not None)
+    readout_mask = None
+    if response_starts is not None:
+        readout_mask = batch["attention_mask"].bool() & (
+            batch["offset_mapping"][..., 1] > torch.tensor(response_starts)[:, None])
+        readout_mask = readout_mask.to(device)
+    return reward_scores(reward_model, batch["input_ids"].to(device), batch["attention_mask"].to(device),
+                         readout_mask)
 
 
 def preference_loss(chosen_scores: torch.Tensor, rejected_scores: torch.Tensor) -> torch.Tensor:
@@ -255,21 +275,30 @@ def split_comparisons(prompts: list[str], eval_fraction: float, seed: int) -> tu
 
 def end_token_of(tokenizer, args: Args) -> str:
     """detail 36: what is appended to every text before it is scored: the EOS, or nothing (--readout last)."""
-    return tokenizer.eos_token if args.readout == "end" else ""
+    return "" if args.readout == "last" else tokenizer.eos_token
+
+
+def texts_of(comparisons: list[dict], args: Args) -> tuple[list[str], list[int] | None]:
+    """The texts prompt + chosen of the comparisons, then prompt + rejected; and where each response starts
+    (the prompt's length) for --readout mean, None for the other readouts."""
+    texts = [c["prompt"] + c[key] for key in ("chosen", "rejected") for c in comparisons]
+    starts = [len(c["prompt"]) for _ in ("chosen", "rejected") for c in comparisons]
+    return texts, starts if args.readout == "mean" else None
 
 
 @torch.inference_mode()
-def score_in_chunks(reward_model, tokenizer, texts: list[str], args: Args, device) -> torch.Tensor:
-    """The scores of many texts, args.forward_batch_size at a time, without gradients."""
+def score_in_chunks(reward_model, tokenizer, comparisons: list[dict], args: Args, device) -> torch.Tensor:
+    """The scores of the comparisons' texts (texts_of), forward_batch_size at a time, without gradients."""
     chunk, end_token = args.forward_batch_size, end_token_of(tokenizer, args)
+    texts, starts = texts_of(comparisons, args)
     return torch.cat([score_texts(reward_model, tokenizer, texts[i : i + chunk], end_token, args.max_length,
-                                  device) for i in range(0, len(texts), chunk)])
+                                  device, None if starts is None else starts[i : i + chunk])
+                      for i in range(0, len(texts), chunk)])
 
 
 def evaluate(reward_model, tokenizer, comparisons: list[dict], args: Args, device) -> dict:
     """Loss and accuracy on held-out comparisons, and each one's margin chosen_scores - rejected_scores."""
-    texts = [c["prompt"] + c[key] for key in ("chosen", "rejected") for c in comparisons]
-    scores = score_in_chunks(reward_model, tokenizer, texts, args, device)
+    scores = score_in_chunks(reward_model, tokenizer, comparisons, args, device)
     chosen_scores, rejected_scores = scores[: len(comparisons)], scores[len(comparisons) :]
     return {"reward_loss": preference_loss(chosen_scores, rejected_scores).item(),
             "accuracy": comparison_accuracy(chosen_scores, rejected_scores),
@@ -352,9 +381,9 @@ def main(args: Args) -> dict:
                 losses, accuracies = [], []
                 for micro_start in range(start, start + args.batch_size, args.micro_batch_size):
                     batch = [train_set[i] for i in order[micro_start : micro_start + args.micro_batch_size]]
-                    texts = [c["prompt"] + c[key] for key in ("chosen", "rejected") for c in batch]
-                    scores = score_texts(reward_model, tokenizer, texts, end_token, args.max_length,
-                                         device)  # detail 37
+                    texts, starts = texts_of(batch, args)
+                    scores = score_texts(reward_model, tokenizer, texts, end_token, args.max_length, device,
+                                         starts)  # detail 37
                     chosen_scores, rejected_scores = scores[: len(batch)], scores[len(batch) :]
                     loss = preference_loss(chosen_scores, rejected_scores)
                     (loss / args.gradient_accumulation_steps).backward()
@@ -390,13 +419,13 @@ def main(args: Args) -> dict:
         if args.save_model:
             gain, bias = 1.0, 0.0
             if args.normalize:  # detail 31: on the responses of the preference file
-                texts = [c["prompt"] + c[key] for key in ("chosen", "rejected") for c in comparisons]
-                raw_scores = score_in_chunks(reward_model, tokenizer, texts, args, device)
+                raw_scores = score_in_chunks(reward_model, tokenizer, comparisons, args, device)
                 gain, bias = score_normalization(raw_scores)
                 with torch.no_grad():
                     reward_model.score.weight.mul_(gain)  # exact: the head is linear and has no bias
             result.update(model_path=os.path.join(run_dir, "model"), reward_gain=gain, reward_bias=bias)
-            save_reward_model(reward_model, args.model_name, result["model_path"], bias, end_token)
+            save_reward_model(reward_model, args.model_name, result["model_path"], bias, end_token,
+                              args.readout)
             print(f"reward model saved to {result['model_path']} (normalized: gain {gain:.4g}, "
                   f"reward_bias {bias:.4g})")
     except KeyboardInterrupt:
@@ -427,7 +456,7 @@ def check_args(args: Args) -> None:
     require(("gold_beta", "temperature", "learning_rate", "head_learning_rate", "max_grad_norm"),
             lambda v: v > 0 and math.isfinite(v), "positive")
     require(("eval_fraction",), lambda v: 0 < v < 1, "between 0 and 1 (exclusive)")
-    require(("readout",), lambda v: v in ("end", "last"), "`end` or `last`")
+    require(("readout",), lambda v: v in ("mean", "end", "last"), "`mean`, `end` or `last`")
     if not 0 <= args.min_response_length < args.response_length:
         raise SystemExit(f"error: --min-response-length {args.min_response_length} must be at least 0 and "
                          f"smaller than --response-length {args.response_length}")
@@ -481,11 +510,15 @@ def check_split(prompts: list[str], num_comparisons: int, args: Args) -> None:
 
 
 def check_end_token(tokenizer, args: Args) -> None:
-    """--readout end appends the EOS to every text: it must exist and be read as one token."""
-    if args.readout == "end" and (tokenizer.eos_token is None or tokenizer.encode(
+    """--readout mean and end append the EOS to every text: it must exist and be read as one token; mean finds
+    the response's tokens by their character offsets, which only fast tokenizers give."""
+    if args.readout != "last" and (tokenizer.eos_token is None or tokenizer.encode(
             "x" + tokenizer.eos_token, add_special_tokens=False)[-1:] != [tokenizer.eos_token_id]):
-        raise SystemExit(f"error: --readout end: the tokenizer of {args.model_name} has no EOS token that "
-                         f"text can end with; pass --readout last")
+        raise SystemExit(f"error: --readout {args.readout}: the tokenizer of {args.model_name} has no EOS "
+                         f"token that text can end with; pass --readout last")
+    if args.readout == "mean" and not tokenizer.is_fast:
+        raise SystemExit(f"error: --readout mean: the tokenizer of {args.model_name} gives no character "
+                         f"offsets (not a fast tokenizer); pass --readout end")
 
 
 def write_held_out_scores(indices: list[int], margins: list[float], run_dir: str) -> str:
@@ -617,13 +650,14 @@ def load_gold_fn(args: Args, device: torch.device):
     gold_model.config.pad_token_id = gold_tokenizer.pad_token_id
     reward_bias = getattr(gold_model.config, "reward_bias", 0.0)  # a folder this script saved
     end_token = getattr(gold_model.config, "reward_end_token", None)  # read as it was trained (detail 36)
+    mean = getattr(gold_model.config, "reward_readout", None) == "mean"
 
     @torch.inference_mode()
     def gold_fn(texts, responses):
         if end_token is not None:
-            batch = gold_tokenizer([t + end_token for t in texts], padding=True, truncation=True,
-                                   return_tensors="pt").to(device)
-            scores = reward_scores(gold_model, batch["input_ids"], batch["attention_mask"])
+            starts = [len(t) - len(r) for t, r in zip(texts, responses)] if mean else None
+            scores = score_texts(gold_model, gold_tokenizer, texts, end_token, args.max_length, device,
+                                 starts)
             return scores.float() + reward_bias
         inputs = gold_tokenizer(texts, padding=True, truncation=True, return_tensors="pt").to(device)
         return gold_model(**inputs).logits[:, label].float() + reward_bias
@@ -632,10 +666,11 @@ def load_gold_fn(args: Args, device: torch.device):
 
 
 def save_reward_model(reward_model: nn.Module, model_name: str, path: str, reward_bias: float,
-                      end_token: str) -> None:
+                      end_token: str, readout: str) -> None:
     """save_pretrained with a tokenizer that pads on the right with an id the model can embed (EOS if none),
-    and the end token the loaders append (detail 36; they read the score where the attention mask ends, as
-    the pad token may be that end token; with --readout last, plain transformers' readout is the score)."""
+    and the end token the loaders append and the readout (detail 36; they read the score from the attention
+    mask, as the pad token may be that end token; with --readout last, plain transformers' readout is the
+    score)."""
     tokenizer = from_pretrained(AutoTokenizer, model_name, "--model-name", padding_side="right",
                                 truncation_side="left")
     if tokenizer.pad_token is None:
@@ -643,6 +678,7 @@ def save_reward_model(reward_model: nn.Module, model_name: str, path: str, rewar
     reward_model.config.pad_token_id = tokenizer.pad_token_id
     reward_model.config.reward_bias = reward_bias  # detail 31: normalized score = logits[:, 0] + reward_bias
     reward_model.config.reward_end_token = end_token or None  # detail 36: appended by the loaders (None: not)
+    reward_model.config.reward_readout = readout  # detail 36: `mean` over the response and end token, or not
     reward_model.save_pretrained(path)
     tokenizer.save_pretrained(path)
 

@@ -525,6 +525,34 @@ def test_reward_model_folder_with_an_end_token_is_read_at_that_token(tiny, tmp_p
         assert score == pytest.approx(at_end, abs=1e-5) and abs(score - before) > 1e-4
 
 
+def test_reward_model_folder_with_the_mean_readout_averages_the_response_and_its_end_token(tiny, tmp_path):
+    """config.reward_readout `mean` (reward_model_gpt2.py's default): the head on the mean final state over the
+    response's tokens and the appended end token, the query's tokens left out; the response found as the end
+    of the text; texts of different lengths padded together, and an empty response (the end token alone)."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny["policy"])
+    tokenizer.pad_token, tokenizer.padding_side = EOS, "right"
+    torch.manual_seed(4)
+    model = GPT2ForSequenceClassification(GPT2Config(vocab_size=len(tokenizer), n_positions=128, n_embd=32,
+                                                     n_layer=1, n_head=2, num_labels=1,
+                                                     pad_token_id=tokenizer.pad_token_id)).eval()
+    model.config.reward_end_token, model.config.reward_readout, model.config.reward_bias = EOS, "mean", -0.25
+    model.save_pretrained(tmp_path / "rm")
+    tokenizer.save_pretrained(tmp_path / "rm")
+    queries = ["This movie was", "The acting in this one is bad, and the plot", "I"]
+    responses = [" great.", " of this movie is worse, much worse.", ""]
+    reward_fn = rlhf.load_reward_fn(rlhf.Args(reward_model=str(tmp_path / "rm")), torch.device("cpu"))
+    scores = reward_fn([q + r for q, r in zip(queries, responses)], responses)
+    for query, response, score in zip(queries, responses, scores.tolist()):
+        query_ids, ids = tokenizer(query)["input_ids"], tokenizer(query + response + EOS)["input_ids"]
+        assert ids[: len(query_ids)] == query_ids  # the query's tokens are the text's first ones
+        with torch.no_grad():
+            hidden = model.transformer(input_ids=torch.tensor([ids])).last_hidden_state[0]
+            mean = model.score(hidden[len(query_ids) :].mean(0)).item() - 0.25
+            whole, at_end = model.score(hidden.mean(0)).item() - 0.25, model.score(hidden[-1]).item() - 0.25
+        assert score == pytest.approx(mean, abs=1e-5) and abs(score - whole) > 1e-4
+        assert abs(score - at_end) > 1e-4 if response else score == pytest.approx(at_end, abs=1e-5)
+
+
 def test_vader_reward():
     reward_fn = rlhf.load_reward_fn(rlhf.Args(reward_model="vader"), torch.device("cpu"))
     scores = reward_fn(["This movie was wonderful, I loved it.", "This movie was terrible and boring."],

@@ -218,11 +218,12 @@ def test_score_is_read_at_the_last_real_token_whatever_the_padding(tiny):
 
 
 def test_score_is_read_at_an_appended_end_token(tiny):
-    """detail 36 (--readout end, the default): every text gets the EOS appended, and the score is the head at
-    that EOS: plain transformers on text + EOS alone. A text cut by max_length keeps its end and the EOS."""
+    """detail 36 (--readout end): every text gets the EOS appended, and the score is the head at that EOS:
+    plain transformers on text + EOS alone. A text cut by max_length keeps its end and the EOS."""
     model = loaded_reward_model(tiny)
     tokenizer, _ = rm.load_tokenizer(tiny["policy"], ".")
     assert rm.end_token_of(tokenizer, rm.Args()) == EOS and rm.end_token_of(tokenizer, rm.Args(readout="last")) == ""
+    assert rm.end_token_of(tokenizer, rm.Args(readout="end")) == EOS
     texts = ["This movie was great.", "I went into this film expecting a lot, and it was", "The"]
     eos_id = tokenizer.eos_token_id
     ids = [tokenizer(t)["input_ids"] + [eos_id] for t in texts]
@@ -231,14 +232,61 @@ def test_score_is_read_at_an_appended_end_token(tiny):
         expected = torch.stack([model(input_ids=torch.tensor([i])).logits[0, 0] for i in ids])
         at_last = torch.stack([model(input_ids=torch.tensor([i[:-1]])).logits[0, 0] for i in ids])
         scores = rm.score_texts(model, tokenizer, texts, EOS, 64, CPU)
-        args = rm.Args(forward_batch_size=2)
-        torch.testing.assert_close(rm.score_in_chunks(model, tokenizer, texts, args, CPU), expected, atol=1e-5,
-                                   rtol=1e-4)
+        args = rm.Args(forward_batch_size=2, readout="end")
+        comparisons = [dict(prompt=t[:3], chosen=t[3:], rejected=t[3:]) for t in texts]
+        torch.testing.assert_close(rm.score_in_chunks(model, tokenizer, comparisons, args, CPU),
+                                   torch.cat([expected, expected]), atol=1e-5, rtol=1e-4)
         truncated = rm.score_texts(model, tokenizer, texts[1:2], EOS, 4, CPU)[0]
         last_three_and_eos = model(input_ids=torch.tensor([ids[1][-4:]])).logits[0, 0]
     torch.testing.assert_close(scores, expected, atol=1e-5, rtol=1e-4)
     assert (expected - at_last).abs().min() > 1e-3  # reading the last token instead would show
     torch.testing.assert_close(truncated, last_three_and_eos, atol=1e-5, rtol=1e-4)
+
+
+def mean_readout_by_hand(model, tokenizer, prompt: str, response: str, end: str = EOS) -> torch.Tensor | None:
+    """The head on the mean final state over the response's tokens and the end token, the text alone: the
+    tokens after the prompt's own tokenization (None where prompt + response tokenizes across the border)."""
+    prompt_ids, ids = tokenizer(prompt)["input_ids"], tokenizer(prompt + response + end)["input_ids"]
+    if ids[: len(prompt_ids)] != prompt_ids:
+        return None
+    with torch.no_grad():
+        hidden = model.base_model(input_ids=torch.tensor([ids])).last_hidden_state[0]
+        return model.score(hidden[len(prompt_ids) :].mean(0))[0]
+
+
+def test_score_is_the_mean_over_the_response_and_the_end_token(tiny):
+    """detail 36 (--readout mean, the default): the head on the mean final state over the response's tokens
+    and the appended EOS, the prompt's tokens left out; texts of different lengths padded together, an empty
+    response (the EOS alone: the end readout), a prompt cut by max_length, and chunks of comparisons."""
+    model = loaded_reward_model(tiny)
+    tokenizer, _ = rm.load_tokenizer(tiny["policy"], ".")
+    assert rm.Args().readout == "mean"
+    prompts = ["This movie was", "I went into this film expecting a lot, and it was", "The", "Okay"]
+    responses = [" great. I loved it.", " bad.", " best film of the year", ""]
+    texts = [p + r for p, r in zip(prompts, responses)]
+    expected = torch.stack([mean_readout_by_hand(model, tokenizer, p, r) for p, r in zip(prompts, responses)])
+    starts = [len(p) for p in prompts]
+    with torch.no_grad():
+        scores = rm.score_texts(model, tokenizer, texts, EOS, 64, CPU, starts)
+        at_end = rm.score_texts(model, tokenizer, texts, EOS, 64, CPU)
+        whole_text = rm.score_texts(model, tokenizer, texts, EOS, 64, CPU, [0] * len(texts))
+    torch.testing.assert_close(scores, expected, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(scores[3], at_end[3], atol=1e-5, rtol=1e-4)  # only the EOS is averaged
+    assert (scores[:3] - at_end[:3]).abs().min() > 1e-3 and (scores[:3] - whole_text[:3]).abs().min() > 1e-3
+    # a prompt cut from the left by max_length: the mean over what is left of the response and the EOS
+    ids = tokenizer(texts[0] + EOS)["input_ids"]
+    with torch.no_grad():
+        hidden = model.base_model(input_ids=torch.tensor([ids[-3:]])).last_hidden_state[0]
+        cut = rm.score_texts(model, tokenizer, texts[:1], EOS, 3, CPU, starts[:1])[0]
+    torch.testing.assert_close(cut, model.score(hidden.mean(0))[0], atol=1e-5, rtol=1e-4)
+    # in chunks of comparisons: the chosen texts, then the rejected ones, each read after its own prompt
+    comparisons = [dict(prompt=p, chosen=r, rejected=responses[(i + 1) % 4]) for i, (p, r) in
+                   enumerate(zip(prompts, responses))]
+    rejected = [mean_readout_by_hand(model, tokenizer, c["prompt"], c["rejected"]) for c in comparisons]
+    assert all(r is not None for r in rejected)
+    with torch.no_grad():
+        chunked = rm.score_in_chunks(model, tokenizer, comparisons, rm.Args(forward_batch_size=3), CPU)
+    torch.testing.assert_close(chunked, torch.cat([expected, torch.stack(rejected)]), atol=1e-5, rtol=1e-4)
 
 
 def test_reward_model_starts_from_the_policy_with_a_scaled_head_and_dropout_off(tiny):
@@ -276,12 +324,10 @@ def test_evaluate_by_hand_over_several_chunks(tiny):
                    {"prompt": "I went into this film expecting", "chosen": " a lot", "rejected": " nothing"},
                    {"prompt": "The", "chosen": " plot works.", "rejected": " ending fails"}]
 
-    def score(text):  # detail 36: the head at the EOS appended to the text
-        with torch.no_grad():
-            ids = tokenizer(text)["input_ids"] + [tokenizer.eos_token_id]
-            return model(input_ids=torch.tensor([ids])).logits[0, 0].item()
+    def score(prompt, response):  # detail 36: the mean over the response and the EOS appended to the text
+        return mean_readout_by_hand(model, tokenizer, prompt, response).item()
 
-    margins = [score(c["prompt"] + c["chosen"]) - score(c["prompt"] + c["rejected"]) for c in comparisons]
+    margins = [score(c["prompt"], c["chosen"]) - score(c["prompt"], c["rejected"]) for c in comparisons]
     assert len({m > 0 for m in margins}) == 2  # some pairs in order, some not: the accuracy is informative
     stats = rm.evaluate(model, tokenizer, comparisons, rm.Args(forward_batch_size=2), CPU)
     assert stats["reward_loss"] == pytest.approx(sum(math.log1p(math.exp(-m)) for m in margins) / 3, rel=1e-4)
@@ -645,11 +691,13 @@ def test_one_step_trains_every_parameter_the_head_at_its_own_learning_rate(tiny,
     assert max(moves.values()) == pytest.approx(1e-4, rel=1e-2)
 
 
-@pytest.mark.parametrize("policy, readout", [("policy", "end"), ("smol", "end"), ("smol", "last")])
+@pytest.mark.parametrize("policy, readout", [("policy", "mean"), ("smol", "mean"), ("policy", "end"),
+                                             ("smol", "end"), ("smol", "last")])
 def test_saved_folder_normalized_and_read_by_the_loaders_as_here(tiny, tmp_path, policy, readout):
     """The saved folder, read by ppo_rlhf_gpt2.py's and grpo_gpt2.py's load_reward_fn, gives the scores this
-    script gives the same texts, and those are the head at the appended EOS (--readout last: at the text's
-    last token) computed by hand, normalized to mean 0 and std 1 on the file's responses (detail 31). The
+    script gives the same texts, and those are the head on the mean over the response and the appended EOS
+    (--readout end: at the EOS; last: at the text's last token) computed by hand, normalized to mean 0 and std
+    1 on the file's responses (detail 31). The
     saved tokenizers pad with the EOS (`smol`'s own pad token is its EOS, as SmolLM2's; GPT-2 has none), so
     transformers' own readout skips an appended EOS: right only with --readout last."""
     result = rm.main(tiny_args(tiny, tmp_path, model_name=tiny[policy], save_model=True, num_comparisons=24,
@@ -658,32 +706,46 @@ def test_saved_folder_normalized_and_read_by_the_loaders_as_here(tiny, tmp_path,
     assert folder == os.path.join(result["run_dir"], "model")
     lines = read_lines(result["preferences"])
     texts = [c["prompt"] + c[k] for c in lines for k in ("chosen", "rejected")]
+    responses = [c[k] for c in lines for k in ("chosen", "rejected")]
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
-    assert model.config.num_labels == 1 and model.config.reward_end_token == (EOS if readout == "end" else None)
+    assert model.config.num_labels == 1 and model.config.reward_readout == readout
+    assert model.config.reward_end_token == (None if readout == "last" else EOS)
     assert isinstance(model.config.reward_bias, float) and model.config.reward_bias == result["reward_bias"]
-    end = [tokenizer.eos_token_id] if readout == "end" else []
+    end = [] if readout == "last" else [tokenizer.eos_token_id]
     with torch.no_grad():  # by hand: each text alone, the head on the final hidden state of its last token
         by_hand = torch.stack([model.score(model.base_model(input_ids=torch.tensor(
             [tokenizer(t)["input_ids"] + end])).last_hidden_state[0, -1])[0] for t in texts])
+    checked = list(range(len(texts)))
+    if readout == "mean":  # by hand: the mean over the tokens after the prompt's own (where they align)
+        means = [mean_readout_by_hand(model, tokenizer, c["prompt"], c[k]) for c in lines
+                 for k in ("chosen", "rejected")]
+        checked = [i for i, m in enumerate(means) if m is not None]
+        assert len(checked) >= 0.75 * len(texts)
+        by_hand = torch.stack([m if m is not None else torch.tensor(float("nan")) for m in means])
     by_hand += model.config.reward_bias
-    assert statistics.mean(by_hand.tolist()) == pytest.approx(0, abs=1e-4)
-    assert statistics.stdev(by_hand.tolist()) == pytest.approx(1, abs=1e-4)
     own_tokenizer, _ = rm.load_tokenizer(folder, ".")
+    own_args = rm.Args(readout=readout, max_length=128)
     with torch.no_grad():
-        own = rm.score_texts(model, own_tokenizer, texts, EOS if readout == "end" else "", 128, CPU)
-    torch.testing.assert_close(own + model.config.reward_bias, by_hand, atol=1e-4, rtol=1e-4)
+        own = rm.score_in_chunks(model, own_tokenizer, lines, own_args, CPU) + model.config.reward_bias
+    own = own.view(2, -1).T.reshape(-1)  # chosen, rejected of each comparison in turn, as `texts`
+    assert statistics.mean(own.tolist()) == pytest.approx(0, abs=1e-4)  # normalized on the file's responses
+    assert statistics.stdev(own.tolist()) == pytest.approx(1, abs=1e-4)
+    torch.testing.assert_close(own[checked], by_hand[checked], atol=1e-4, rtol=1e-4)
     for loader in (rlhf, grpo_gpt2):
         reward_fn = loader.load_reward_fn(loader.Args(reward_model=folder), CPU)
-        torch.testing.assert_close(reward_fn(texts, texts), by_hand, atol=1e-4, rtol=1e-4)
-    batch = tokenizer([t + EOS for t in texts] if readout == "end" else texts, padding=True, return_tensors="pt")
+        torch.testing.assert_close(reward_fn(texts, responses), own, atol=1e-4, rtol=1e-4)
+    if readout == "mean":  # the loaders find the response from its text: the whole text is another score
+        assert (reward_fn(texts, texts) - own).abs().max() > 1e-3
+    batch = tokenizer(texts if readout == "last" else [t + EOS for t in texts], padding=True,
+                      return_tensors="pt")
     assert (batch["attention_mask"] == 0).any()  # really padded
     with torch.no_grad():
         transformers_readout = model(**batch).logits[:, 0] + model.config.reward_bias
-    if readout == "end":
-        assert (transformers_readout - by_hand).abs().max() > 1e-3
+    if readout != "last":
+        assert (transformers_readout - own).abs().max() > 1e-3
     else:
-        torch.testing.assert_close(transformers_readout, by_hand, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(transformers_readout, own, atol=1e-4, rtol=1e-4)
 
 
 def test_round_trip_into_ppo_rlhf_gpt2(tiny, tmp_path):
@@ -732,7 +794,7 @@ BAD_FILES = {
     # 18 of the 72 prompts held out: about 32 x 54 / 72 = 24 of 32 comparisons left to train on
     (dict(batch_size=32, num_comparisons=32), "--batch-size 32 is larger than the about 24 training"),
     (dict(eval_fraction=0.995), "--eval-fraction 0.995 holds out all 72 distinct prompts"),
-    (dict(readout="first"), "--readout must be `end` or `last`"),
+    (dict(readout="first"), "--readout must be `mean`, `end` or `last`"),
     (dict(head_learning_rate=0.0), "--head-learning-rate"),
     (dict(head_learning_rate=float("inf")), "--head-learning-rate"),
     (dict(num_comparisons=0), "--num-comparisons"),
@@ -777,24 +839,35 @@ def test_unloadable_models_and_bad_labels_fail_with_the_flag(tiny, tmp_path):
     tokenizer.eos_token = None
     tokenizer.save_pretrained(no_eos)
     GPT2LMHeadModel.from_pretrained(tiny["policy"]).save_pretrained(no_eos)
-    with pytest.raises(SystemExit, match="^error: --readout end: .* no EOS token .*pass --readout last$"):
-        rm.main(tiny_args(tiny, tmp_path / "no_eos", model_name=str(no_eos)))
+    for readout in ("mean", "end"):
+        with pytest.raises(SystemExit, match=f"^error: --readout {readout}: .* no EOS token .*pass --readout last$"):
+            rm.main(tiny_args(tiny, tmp_path / "no_eos", model_name=str(no_eos), readout=readout))
     assert not (tmp_path / "no_eos" / "runs").exists()
 
 
 def test_a_classifier_folder_as_gold(tiny, tmp_path):
     """--gold FOLDER: a saved reward model of this script labels the comparisons with its normalized score,
-    read where it was trained to read: the head at the appended EOS (by hand, each text alone)."""
-    first = rm.main(tiny_args(tiny, tmp_path / "first", save_model=True, num_comparisons=16))
-    second = rm.main(tiny_args(tiny, tmp_path / "second", gold=first["model_path"], num_comparisons=16))
-    model = AutoModelForSequenceClassification.from_pretrained(first["model_path"])
-    tokenizer = AutoTokenizer.from_pretrained(first["model_path"])
-    for c in read_lines(second["preferences"]):
-        for key in ("chosen", "rejected"):
-            ids = tokenizer(c["prompt"] + c[key])["input_ids"] + [tokenizer.eos_token_id]
-            with torch.no_grad():
-                score = model.score(model.base_model(input_ids=torch.tensor([ids])).last_hidden_state[0, -1])
-            assert c[f"gold_{key}"] == pytest.approx(score.item() + model.config.reward_bias, abs=1e-4)
+    read where it was trained to read: the head on the mean over the response and the appended EOS (by hand,
+    each text alone), or at that EOS (--readout end)."""
+    for readout in ("mean", "end"):
+        first = rm.main(tiny_args(tiny, tmp_path / readout / "first", save_model=True, num_comparisons=16,
+                                  readout=readout))
+        second = rm.main(tiny_args(tiny, tmp_path / readout / "second", gold=first["model_path"],
+                                   num_comparisons=16))
+        model = AutoModelForSequenceClassification.from_pretrained(first["model_path"])
+        tokenizer = AutoTokenizer.from_pretrained(first["model_path"])
+        checked = 0
+        for c in read_lines(second["preferences"]):
+            for key in ("chosen", "rejected"):
+                ids = tokenizer(c["prompt"] + c[key])["input_ids"] + [tokenizer.eos_token_id]
+                with torch.no_grad():
+                    score = model.score(model.base_model(input_ids=torch.tensor([ids])).last_hidden_state[0, -1])
+                if readout == "mean":
+                    score = mean_readout_by_hand(model, tokenizer, c["prompt"], c[key])
+                if score is not None:
+                    assert c[f"gold_{key}"] == pytest.approx(score.item() + model.config.reward_bias, abs=1e-4)
+                    checked += 1
+        assert checked >= 24
 
 
 # ---------------------------------------------------------------------------------------------- Ctrl-C

@@ -27,4 +27,7 @@ MUTANTS = [
     ("issue41: --eval-checkpoint samples with the command's flags, not the policy's saved settings",
      "    use_saved_sampling(args)  # the sampling settings saved with the policy, not the command's\n",
      "\n"),
+    ("issue41: the reward model's mean readout over the whole text (the query's tokens averaged in)",
+     "starts = torch.tensor([len(t) - len(r) for t, r in zip(texts, responses)])",
+     "starts = torch.tensor([0 for t, r in zip(texts, responses)])"),
 ]
