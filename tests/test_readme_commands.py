@@ -33,6 +33,7 @@ TOOLS = {  # tools whose commands are not run here, and why (their own tests are
     "benchmarks/mutmut_score.py": "needs mutmut, not a requirement, and runs for minutes",
     "benchmarks/benchmark.py": "runs whole trainings over seeds and writes benchmarks/results",
     "benchmarks/preference_baselines.py": "reads a preference file that a reward_model_gpt2.py run wrote",
+    "benchmarks/reward_probe.py": "runs a language model over a preference file (tests/test_reward_probe.py)",
     "benchmarks/rlhf_cost.py": "times GPT-2-small iterations: minutes",
     "benchmarks/trl_side_by_side.py": "needs a virtual environment with TRL",
     "experiments/rlhf_overoptimization.py report": "reads the json files of earlier runs",
