@@ -892,6 +892,58 @@ def test_main_passes_each_quantity_where_it_belongs(tiny, tmp_path, monkeypatch,
     assert calls["clip"] and all(clipped == calls["adam"][0] for clipped in calls["clip"])
 
 
+def test_every_minibatch_of_every_epoch_uses_the_rollout_s_stored_values(tiny, tmp_path, monkeypatch,
+                                                                         stops_at_lengths_1_to_8):
+    """Two iterations of 2 epochs x 2 minibatches: every call of the losses gets, as the old log-probs and old
+    values, rows of what the rollout stored (the log-probs of the sampled tokens, the values before the
+    update), also after the weights have moved, where the new ones differ; and the adaptive KL controller gets
+    the KL per response (the sum over its tokens, then the mean: objective/kl), not the per-token mean,
+    worked out here from the log-probs the rollout passed to compute_rewards (responses of 1 to 8 tokens)."""
+    monkeypatch.setattr(rlhf, "load_reward_fn", count_e_reward)
+    calls = {name: [] for name in ("compute_rewards", "compute_gae", "policy_loss", "value_loss", "kl")}
+
+    def record(name, keep):
+        function = getattr(rlhf, name)
+
+        def wrapper(*a, **kw):
+            calls[name].append(keep(a))
+            return function(*a, **kw)
+        monkeypatch.setattr(rlhf, name, wrapper)
+
+    record("compute_rewards", lambda a: (a[3].clone(), a[4].clone(), a[5].clone()))
+    record("compute_gae", lambda a: a[1].clone())
+    record("policy_loss", lambda a: (a[0].detach().clone(), a[1].clone(), a[3].clone()))
+    record("value_loss", lambda a: (a[0].detach().clone(), a[1].clone(), a[3].clone()))
+    real_controller = rlhf.adaptive_kl_coef
+    monkeypatch.setattr(rlhf, "adaptive_kl_coef", lambda kl_coef, kl, *a: calls["kl"].append(kl) or
+                        real_controller(kl_coef, kl, *a))
+    stats = rlhf.main(tiny_args(tiny, tmp_path, total_episodes=16, update_epochs=2, num_minibatches=2,
+                                learning_rate=3e-3, kl_target=1.0, kl_coef=0.1, missing_eos_penalty=None))
+    scalars = read_scalars(stats["run_dir"])
+    assert len(calls["compute_rewards"]) == 2 and len(calls["policy_loss"]) == len(calls["value_loss"]) == 8
+
+    def is_a_row_of(row, stored):
+        return any(torch.equal(row, other) for other in stored)
+
+    moved = {"policy_loss": 0, "value_loss": 0}
+    for iteration in range(2):
+        stored_logprobs, ref_logprobs, mask = calls["compute_rewards"][iteration]
+        stored_values = calls["compute_gae"][iteration]
+        for name, stored in (("policy_loss", stored_logprobs), ("value_loss", stored_values)):
+            for new, old, micro_mask in calls[name][4 * iteration : 4 * iteration + 4]:
+                assert all(is_a_row_of(row, stored) for row in old), name
+                moved[name] += (new - old)[micro_mask].abs().max().item() > 1e-3
+        # the controller's KL: per response (sum over its real tokens), then the mean over responses
+        per_token = (stored_logprobs - ref_logprobs).masked_fill(~mask, 0)
+        per_response = per_token.sum(1).mean().item()
+        token_mean = per_token.sum().item() / mask.sum().item()
+        assert abs(per_response - token_mean) > 1e-3  # lengths 1 to 8: the two units differ
+        assert calls["kl"][iteration] == pytest.approx(per_response, rel=1e-5, abs=1e-6)
+        assert scalars["objective/kl"][iteration] == pytest.approx(per_response, rel=1e-5, abs=1e-6)
+    # after the first step of each iteration the weights have moved: the new values differ from the stored
+    assert moved["policy_loss"] >= 6 and moved["value_loss"] >= 6
+
+
 def test_lengths_of_right_and_wrong_responses_are_logged_apart(tiny, tmp_path, monkeypatch,
                                                                stops_at_lengths_1_to_8):
     """RLVR logs the mean length (real tokens) of the right responses and of the wrong ones: here responses of
