@@ -237,7 +237,9 @@ def plain_response_logprobs(model, queries, responses, response_mask, pad_token_
 
 def rows_of(old, logprobs) -> list[int]:
     """The rollout rows of a micro-batch, found by its stored log-probs (distinct floats in every row)."""
-    return [next(i for i in range(len(logprobs)) if torch.equal(row, logprobs[i])) for row in old]
+    rows = [[i for i in range(len(logprobs)) if torch.equal(row, logprobs[i])] for row in old]
+    assert all(len(found) == 1 for found in rows), "old log-probs that are not one row the rollout stored"
+    return [found[0] for found in rows]
 
 
 class Recorder:
@@ -425,6 +427,53 @@ def test_all_equal_groups_give_a_zero_loss_and_no_step(tiny, tmp_path, monkeypat
     saved = AutoModelForCausalLM.from_pretrained(Path(stats["run_dir"]) / "model")
     initial = AutoModelForCausalLM.from_pretrained(tiny["policy"])
     assert all(torch.equal(a, b) for a, b in zip(saved.parameters(), initial.parameters()))
+
+
+def test_the_kl_term_alone_pulls_the_moved_policy_back_with_a_gradient_linear_in_beta(
+        tiny, tmp_path, monkeypatch, stops_at_lengths_1_to_8):
+    """Iteration 1 has rewards that vary within groups (the policy moves; at the reference the k3 term has
+    gradient 0), iteration 2 rewards every response alike (all advantages 0): its gradient is the KL term's
+    alone, taken through the new log-probs: 0 at beta 0, and at beta 1 twice that at beta 0.5."""
+    norms, real_clip = {}, torch.nn.utils.clip_grad_norm_
+    for beta in (0.0, 0.5, 1.0):
+        scored = []
+
+        def reward_fn(texts, responses):
+            first = len(scored) < 8  # the 8 responses of iteration 1
+            scored.extend(responses)
+            return torch.tensor([float(len(r) % 3 - 1) if first else 1.0 for r in responses])
+
+        monkeypatch.setattr(grpo, "load_reward_fn", lambda args, device: reward_fn)
+        seen = []
+        monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda *a, **kw: seen.append(
+            real_clip(*a, **kw).item()) or seen[-1])
+        stats = grpo.main(tiny_args(tiny, tmp_path / str(beta), beta=beta, learning_rate=1e-2,
+                                    missing_eos_penalty=None))
+        scalars = read_scalars(stats["run_dir"])
+        assert scalars["val/zero_advantage_groups"] == [0.0, 1.0] and len(seen) == 2
+        norms[beta] = seen
+    assert norms[0.5][0] == pytest.approx(norms[1.0][0], rel=1e-4) == pytest.approx(norms[0.0][0], rel=1e-4)
+    assert norms[0.0][1] == 0.0 and norms[0.5][1] > 1e-4
+    assert norms[1.0][1] == pytest.approx(2 * norms[0.5][1], rel=1e-3)
+
+
+def test_held_out_means_and_standard_errors_are_over_prompts(tiny, tmp_path, monkeypatch):
+    """20 held-out responses to 16 prompts: the 4 prompts asked twice count once, with their mean, and the
+    standard error is over the 16 prompts, not the 20 responses (worked out here from the samples)."""
+    monkeypatch.setattr(grpo, "load_reward_fn", lambda args, device: lambda texts, responses: torch.tensor(
+        [float(t.count("e")) for t in texts]))
+    stats = grpo.main(tiny_args(tiny, tmp_path, eval_episodes=20, missing_eos_penalty=None))
+    final = stats["eval"]["final"]
+    per_prompt = {}
+    for (q, r), score in zip(final["samples"], final["raw_scores"]):
+        assert score == float((q + r).count("e"))
+        per_prompt.setdefault(q, []).append(score)
+    means = [statistics.mean(v) for v in per_prompt.values()]
+    assert final["prompts"] == len(means) == 16 and sorted(map(len, per_prompt.values())) == [1] * 12 + [2] * 4
+    assert statistics.stdev(means) > 0 and statistics.stdev(means) / 4 != pytest.approx(
+        statistics.stdev(final["raw_scores"]) / 20 ** 0.5)
+    assert final["raw_score_mean"] == pytest.approx(statistics.mean(means))
+    assert final["raw_score_stderr"] == pytest.approx(statistics.stdev(means) / 4)
 
 
 def test_learning_raises_the_score(tiny, tmp_path, monkeypatch):
