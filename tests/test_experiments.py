@@ -630,6 +630,12 @@ def test_overopt_bootstrap_interval_resamples_prompts_by_hand():
     low, high = rlhf_overoptimization.bootstrap_interval(lambda i: values[i].mean(), 80)
     assert low == pytest.approx(0.5 - 1.96 * 0.5 / 80**0.5, abs=0.03)
     assert high == pytest.approx(0.5 + 1.96 * 0.5 / 80**0.5, abs=0.03)
+    # each resample draws all 10 prompts with replacement: 10 indices, some repeated, on average
+    # 10 (1 - 0.9^10) = 6.51 distinct (a half-sample without replacement has about the mean's spread, not this)
+    drawn = []
+    rlhf_overoptimization.bootstrap_interval(lambda i: drawn.append(np.array(i)) or 0.0, 10, resamples=2000)
+    assert len(drawn) == 2000 and all(len(i) == 10 and set(i.tolist()) <= set(range(10)) for i in drawn)
+    assert np.mean([len(set(i.tolist())) for i in drawn]) == pytest.approx(10 * (1 - 0.9**10), abs=0.1)
 
 
 def test_overopt_best_of_n_curves_by_hand():
