@@ -538,10 +538,12 @@ def test_preference_baselines_learn_a_word_preference_and_report_the_gold_labele
     sys.path.insert(0, ROOT)
     import reward_model_gpt2
     fillers = ["the film", "a scene", "this plot", "an actor", "the music"]
-    comparisons = [{"prompt": "It was", "chosen": f" {fillers[i % 5]} good {fillers[(i + 2) % 5]}",
+    comparisons = [{"prompt": f"Review {i % 8}: it was", "chosen": f" {fillers[i % 5]} good {fillers[(i + 2) % 5]}",
                     "rejected": f" {fillers[(i + 1) % 5]} bad {fillers[(i + 3) % 5]}",
                     "gold_chosen": 1.0 if i % 4 else -1.0, "gold_rejected": 0.0} for i in range(40)]
-    train, held_out = reward_model_gpt2.split_comparisons(40, 0.25, 1)
+    prompts = [c["prompt"] for c in comparisons]
+    train, held_out = reward_model_gpt2.split_comparisons(prompts, 0.25, 1)
+    assert len(held_out) == 10 and not {prompts[i] for i in train} & {prompts[i] for i in held_out}
     assert baselines.bag_of_words_accuracy(comparisons, train, held_out, 0.1) == 1.0
     # words never seen in training score 0: a held-out pair made only of them is a tie (1/2)
     unseen = comparisons + [{"prompt": "It was", "chosen": " superb", "rejected": " dull"}]
@@ -550,12 +552,11 @@ def test_preference_baselines_learn_a_word_preference_and_report_the_gold_labele
     path.write_text("".join(json.dumps(c) + "\n" for c in comparisons))
     tool = os.path.join(ROOT, "benchmarks", "preference_baselines.py")
     out = subprocess.run([sys.executable, tool, str(path), "--eval-fraction", "0.25", "--sizes", "8", "100",
-                          "--l2", "0.1"],
-                         capture_output=True, text=True, check=True).stdout
+                          "--l2", "0.1", "--folds", "2"], capture_output=True, text=True, check=True).stdout
     expected_gold = sum(1 for i in held_out if i % 4) / len(held_out)
-    assert f"gold labeler: {expected_gold:.3f}" in out
-    assert "bag of words, 8 training comparisons" in out
-    assert "bag of words, 30 training comparisons: l2 0.1: 1.000" in out
+    assert f"gold labeler: {expected_gold:.3f} [" in out
+    assert "bag of words, 8 training comparisons: " in out
+    assert "bag of words, 30 training comparisons: 1.000 [1.000, 1.000] at l2 0.1" in out
 
 
 # ---------------------------------------------------------------------------------------------- ppo_vs_grpo
