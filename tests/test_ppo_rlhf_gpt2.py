@@ -500,19 +500,27 @@ def test_ctrl_c_while_saving_closes_the_logs(tiny, tmp_path, monkeypatch):
     assert len(scores) == 2 and scores[-1] == pytest.approx(stats["objective/scores"])
 
 
+def tiny_reward_folder(tiny, path, seed: int, **config):
+    """A one-layer scalar reward model with reward_model_gpt2.py's config fields, saved to `path` with the
+    policy's tokenizer padding on the right with its EOS. Returns (tokenizer, model)."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny["policy"])
+    tokenizer.pad_token, tokenizer.padding_side = EOS, "right"
+    torch.manual_seed(seed)
+    model = GPT2ForSequenceClassification(GPT2Config(vocab_size=len(tokenizer), n_positions=128, n_embd=32,
+                                                     n_layer=1, n_head=2, num_labels=1,
+                                                     pad_token_id=tokenizer.pad_token_id)).eval()
+    for name, value in config.items():
+        setattr(model.config, name, value)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return tokenizer, model
+
+
 def test_reward_model_folder_with_an_end_token_is_read_at_that_token(tiny, tmp_path):
     """A reward_model_gpt2.py folder whose config names reward_end_token: every text gets that token appended
     and is scored there, also where the end token is the pad token (transformers' own readout would then
     skip it and read the token before), plus config.reward_bias; texts of different lengths, padded."""
-    tokenizer = AutoTokenizer.from_pretrained(tiny["policy"])
-    tokenizer.pad_token, tokenizer.padding_side = EOS, "right"
-    torch.manual_seed(3)
-    model = GPT2ForSequenceClassification(GPT2Config(vocab_size=len(tokenizer), n_positions=128, n_embd=32,
-                                                     n_layer=1, n_head=2, num_labels=1,
-                                                     pad_token_id=tokenizer.pad_token_id)).eval()
-    model.config.reward_end_token, model.config.reward_bias = EOS, 0.5
-    model.save_pretrained(tmp_path / "rm")
-    tokenizer.save_pretrained(tmp_path / "rm")
+    tokenizer, model = tiny_reward_folder(tiny, tmp_path / "rm", 3, reward_end_token=EOS, reward_bias=0.5)
     texts = ["This movie was great.", "The acting in this one is bad, and the plot of this movie is worse."]
     reward_fn = rlhf.load_reward_fn(rlhf.Args(reward_model=str(tmp_path / "rm")), torch.device("cpu"))
     scores = reward_fn(texts, ["", ""])
@@ -529,15 +537,8 @@ def test_reward_model_folder_with_the_mean_readout_averages_the_response_and_its
     """config.reward_readout `mean` (reward_model_gpt2.py's default): the head on the mean final state over the
     response's tokens and the appended end token, the query's tokens left out; the response found as the end
     of the text; texts of different lengths padded together, and an empty response (the end token alone)."""
-    tokenizer = AutoTokenizer.from_pretrained(tiny["policy"])
-    tokenizer.pad_token, tokenizer.padding_side = EOS, "right"
-    torch.manual_seed(4)
-    model = GPT2ForSequenceClassification(GPT2Config(vocab_size=len(tokenizer), n_positions=128, n_embd=32,
-                                                     n_layer=1, n_head=2, num_labels=1,
-                                                     pad_token_id=tokenizer.pad_token_id)).eval()
-    model.config.reward_end_token, model.config.reward_readout, model.config.reward_bias = EOS, "mean", -0.25
-    model.save_pretrained(tmp_path / "rm")
-    tokenizer.save_pretrained(tmp_path / "rm")
+    tokenizer, model = tiny_reward_folder(tiny, tmp_path / "rm", 4, reward_end_token=EOS, reward_readout="mean",
+                                          reward_bias=-0.25)
     queries = ["This movie was", "The acting in this one is bad, and the plot", "I"]
     responses = [" great.", " of this movie is worse, much worse.", ""]
     reward_fn = rlhf.load_reward_fn(rlhf.Args(reward_model=str(tmp_path / "rm")), torch.device("cpu"))
