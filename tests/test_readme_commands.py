@@ -126,6 +126,17 @@ def test_every_tool_command_is_run_or_named_with_a_reason():
             assert (ROOT / tool.split()[0]).exists(), tool
 
 
+def test_ci_runs_the_test_command_of_the_readme():
+    """.ci/run installs requirements.txt and runs the README's test command, word for word."""
+    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    readme = [c for c in document_commands((ROOT / "README.md").read_text()) if " -m pytest" in c]
+    assert len(readme) == 1 and readme[0] in ci, (readme, ci)
+    assert "pip install --quiet -r requirements.txt" in ci
+    assert ci.index("pip install --quiet -r requirements.txt") < ci.index(readme[0])
+    if " -n " in readme[0]:  # pytest-xdist's workers: the plugin is a pinned requirement
+        assert "pytest-xdist==" in (ROOT / "requirements.txt").read_text()
+
+
 def script_runs():
     runs = {}
     for doc, command in all_commands():
