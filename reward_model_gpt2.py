@@ -20,9 +20,8 @@ Usage:
     python reward_model_gpt2.py --model-name ./my-lm --gold vader --num-comparisons 2000 --save-model
     python reward_model_gpt2.py --model-name ./my-lm --preferences my_comparisons.jsonl --save-model
     python ppo_rlhf_gpt2.py --model-name ./my-lm --reward-model runs/<run>/model   # RLHF on it
-    tensorboard --logdir runs   # losses/reward_loss, charts/accuracy, charts/learning_rate,
-                                # charts/head_learning_rate, eval/accuracy, eval/reward_loss,
-                                # eval/gold_accuracy
+    tensorboard --logdir runs   # losses/reward_loss, charts/accuracy, charts/learning_rate, eval/accuracy,
+                                # charts/head_learning_rate, eval/reward_loss, eval/gold_accuracy
 
 One comparison a line of --preferences (JSON): {"prompt": ..., "chosen": ..., "rejected": ...}; --gold adds
 "gold_chosen" and "gold_rejected". What the code computes (r: the reward model, sigma: the sigmoid):
@@ -42,16 +41,14 @@ Implementation details; RLHF numbers as in ppo_rlhf_gpt2.py, 35 on for the rewar
 26. Logits divided by the sampling temperature.   27. Pure sampling (no top-k, no top-p).
 28. Dropout off: eval mode, also while training.
 29. Truncation after the first stop token at or after --min-response-length tokens.
-31. Reward normalization: the scores set to mean 0 and std 1 on the initial policy's responses, the
-    responses of the preference file (with --gold: the policy's own samples), after training.
-    The gain is folded into the head's weight (exact; the head has no bias), the shift stored as
-    config.reward_bias: ppo_rlhf_gpt2.py and grpo_gpt2.py read normalized scores off the saved folder.
+31. Reward normalization, after training: the scores set to mean 0 and std 1 on the responses of the
+    preference file (with --gold: the initial policy's own samples). The gain is folded into the head's
+    weight (exact; the head has no bias), the shift saved as config.reward_bias for the RLHF scripts.
 35. The reward model is the policy's backbone plus a scalar head, initialized N(0, 1 / (hidden + 1)).
-36. The score is read from the mean final state over the response's tokens and an end token (the
-    tokenizer's EOS) appended to every text (--readout mean): the response's tokens are those whose
-    characters end after the prompt's, the end token is found from the attention mask whatever the padding
-    side (SmolLM2 pads with its EOS). Saved as config.reward_end_token and config.reward_readout for the
-    loaders. --readout end reads the end token alone, --readout last the text's last token (mid-sentence
+36. The score is read from the mean final state over the response's tokens (those whose characters end
+    after the prompt's) and an end token, the EOS, appended to every text and found from the attention mask
+    whatever the padding side (--readout mean; saved as config.reward_end_token and reward_readout for the
+    loaders). --readout end reads the end token alone, --readout last the text's last token (mid-sentence
     where a response was cut): linear probes of the frozen features carry less of the preferences there.
 37. Bradley-Terry loss; chosen and rejected responses in one forward pass.
 38. Synthetic labels: a gold scorer with Bradley-Terry noise, the pairs of identical responses dropped.
@@ -262,47 +259,12 @@ def score_normalization(raw_scores: torch.Tensor) -> tuple[float, float]:
     return gain, -raw_scores.mean().item() * gain
 
 
-def split_comparisons(prompts: list[str], eval_fraction: float, seed: int) -> tuple[list[int], list[int]]:
-    """detail 39: (training, held-out) indices of the comparisons whose prompts are given, split by prompt:
-    the eval_fraction of the distinct prompts (at least one) with the smallest seeded keys is held out with
-    all its comparisons. A prompt's key depends on the seed and its text only: files with the same prompts (a
-    file and its first lines, most often) hold out the same ones."""
-    distinct = sorted(set(prompts), key=lambda p: (random.Random(f"{seed} {p}").random(), p))
-    held_out = set(distinct[: max(1, round(eval_fraction * len(distinct)))])
-    return ([i for i, p in enumerate(prompts) if p not in held_out],
-            [i for i, p in enumerate(prompts) if p in held_out])
-
-
-def end_token_of(tokenizer, args: Args) -> str:
-    """detail 36: what is appended to every text before it is scored: the EOS, or nothing (--readout last)."""
-    return "" if args.readout == "last" else tokenizer.eos_token
-
-
 def texts_of(comparisons: list[dict], args: Args) -> tuple[list[str], list[int] | None]:
     """The texts prompt + chosen of the comparisons, then prompt + rejected; and where each response starts
     (the prompt's length) for --readout mean, None for the other readouts."""
     texts = [c["prompt"] + c[key] for key in ("chosen", "rejected") for c in comparisons]
     starts = [len(c["prompt"]) for _ in ("chosen", "rejected") for c in comparisons]
     return texts, starts if args.readout == "mean" else None
-
-
-@torch.inference_mode()
-def score_in_chunks(reward_model, tokenizer, comparisons: list[dict], args: Args, device) -> torch.Tensor:
-    """The scores of the comparisons' texts (texts_of), forward_batch_size at a time, without gradients."""
-    chunk, end_token = args.forward_batch_size, end_token_of(tokenizer, args)
-    texts, starts = texts_of(comparisons, args)
-    return torch.cat([score_texts(reward_model, tokenizer, texts[i : i + chunk], end_token, args.max_length,
-                                  device, None if starts is None else starts[i : i + chunk])
-                      for i in range(0, len(texts), chunk)])
-
-
-def evaluate(reward_model, tokenizer, comparisons: list[dict], args: Args, device) -> dict:
-    """Loss and accuracy on held-out comparisons, and each one's margin chosen_scores - rejected_scores."""
-    scores = score_in_chunks(reward_model, tokenizer, comparisons, args, device)
-    chosen_scores, rejected_scores = scores[: len(comparisons)], scores[len(comparisons) :]
-    return {"reward_loss": preference_loss(chosen_scores, rejected_scores).item(),
-            "accuracy": comparison_accuracy(chosen_scores, rejected_scores),
-            "margins": (chosen_scores - rejected_scores).tolist()}
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -436,7 +398,43 @@ def main(args: Args) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------------------
-# Plumbing, skippable on a first reading: argument checks, the preference file, loading and saving.
+# Plumbing, skippable on a first reading: the held-out split and evaluation, argument checks, the preference
+# file, loading and saving.
+
+
+def end_token_of(tokenizer, args: Args) -> str:
+    """detail 36: what is appended to every text before it is scored: the EOS, or nothing (--readout last)."""
+    return "" if args.readout == "last" else tokenizer.eos_token
+
+
+def split_comparisons(prompts: list[str], eval_fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """detail 39: (training, held-out) indices of the comparisons whose prompts are given, split by prompt:
+    the eval_fraction of the distinct prompts (at least one) with the smallest seeded keys is held out with
+    all its comparisons. A prompt's key depends on the seed and its text only: files with the same prompts (a
+    file and its first lines, most often) hold out the same ones."""
+    distinct = sorted(set(prompts), key=lambda p: (random.Random(f"{seed} {p}").random(), p))
+    held_out = set(distinct[: max(1, round(eval_fraction * len(distinct)))])
+    return ([i for i, p in enumerate(prompts) if p not in held_out],
+            [i for i, p in enumerate(prompts) if p in held_out])
+
+
+@torch.inference_mode()
+def score_in_chunks(reward_model, tokenizer, comparisons: list[dict], args: Args, device) -> torch.Tensor:
+    """The scores of the comparisons' texts (texts_of), forward_batch_size at a time, without gradients."""
+    chunk, end_token = args.forward_batch_size, end_token_of(tokenizer, args)
+    texts, starts = texts_of(comparisons, args)
+    return torch.cat([score_texts(reward_model, tokenizer, texts[i : i + chunk], end_token, args.max_length,
+                                  device, None if starts is None else starts[i : i + chunk])
+                      for i in range(0, len(texts), chunk)])
+
+
+def evaluate(reward_model, tokenizer, comparisons: list[dict], args: Args, device) -> dict:
+    """Loss and accuracy on held-out comparisons, and each one's margin chosen_scores - rejected_scores."""
+    scores = score_in_chunks(reward_model, tokenizer, comparisons, args, device)
+    chosen_scores, rejected_scores = scores[: len(comparisons)], scores[len(comparisons) :]
+    return {"reward_loss": preference_loss(chosen_scores, rejected_scores).item(),
+            "accuracy": comparison_accuracy(chosen_scores, rejected_scores),
+            "margins": (chosen_scores - rejected_scores).tolist()}
 
 
 def check_args(args: Args) -> None:
