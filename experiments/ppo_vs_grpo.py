@@ -50,7 +50,10 @@ METHODS = {
 }
 LABELS = {"ppo": "PPO", "grpo": "GRPO", "dr_grpo": "Dr. GRPO", "grpo_ppo_update": "GRPO, PPO's update"}
 RUNS = "experiments/runs/ppo_vs_grpo"
-T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+# the 97.5% quantile of Student's t by degrees of freedom, interpolated between them (beyond 30: 30's)
+T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+         11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093,
+         20: 2.086, 30: 2.042}
 
 
 def command_of(method: str, seed: int, runs: str, common: str = COMMON) -> list[str]:
@@ -135,7 +138,8 @@ def mean_interval(values) -> tuple[float, float, float]:
     if len(values) < 2:
         return float(values.mean()), 0.0, float(values.std())
     std = float(values.std(ddof=1))
-    return float(values.mean()), T_975[len(values) - 1] * std / len(values) ** 0.5, std
+    t = np.interp(len(values) - 1, list(T_975), list(T_975.values()))
+    return float(values.mean()), float(t * std / len(values) ** 0.5), std
 
 
 def difference_interval(a, b) -> tuple[float, float]:

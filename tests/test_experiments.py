@@ -590,6 +590,13 @@ def test_ppo_vs_grpo_intervals_by_hand():
     assert 2 < dof < 3
     t = 4.303 + (dof - 2) * (3.182 - 4.303)
     assert pvg.difference_interval(a, b)[1] == pytest.approx(t * (va + vb) ** 0.5)
+    # 6 seeds: t with 5 degrees of freedom; Welch with equal variances, 6 and 6: dof 10; 40 and 40: dof 78,
+    # past the table's end at 30 (t = 2.042, a little wider than the exact 1.991)
+    six = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]  # std sqrt(0.035)
+    assert pvg.mean_interval(six)[1] == pytest.approx(2.571 * 0.035**0.5 / 6**0.5)
+    assert pvg.difference_interval(six, [x + 0.05 for x in six])[1] == pytest.approx(2.228 * (0.07 / 6) ** 0.5)
+    forty = [0.0, 1.0] * 20  # variance 40 / (4 * 39)
+    assert pvg.difference_interval(forty, forty)[1] == pytest.approx(2.042 * (2 * (10 / 39) / 40) ** 0.5)
     assert pvg.last_mean({"x": [(1, 1.0), (2, float("nan")), (3, 3.0)]}, "x", 2) == 3.0
     assert np.isnan(pvg.last_mean({"x": [(1, float("nan"))]}, "x", 2)) and np.isnan(pvg.last_mean({}, "x", 2))
 
