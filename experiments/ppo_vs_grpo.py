@@ -253,8 +253,15 @@ def write_report(methods: dict, out: Path) -> str:
                          + " |")
     lines += ["", "## Commands", "", "Each run's command, as the harness ran it (from the repository root):",
               ""]
-    lines += [f"- `{run['command'].replace(str(ROOT) + '/', '')}`" for method, seeds in methods.items()
-              for run in seeds]
+    for method, seeds in methods.items():
+        commands = [run["command"].replace(str(ROOT) + "/", "") for run in seeds]
+        # one line a method where its runs differ only in --seed
+        if len({c.replace(f" --seed {r['seed']} ", " --seed S ") for c, r in zip(commands, seeds)}) == 1:
+            others = ", ".join(str(r["seed"]) for r in seeds[1:])
+            lines.append(f"- `{commands[0]}`" + (f"; seeds {others}: the same with their `--seed`" if others
+                                                 else ""))
+        else:
+            lines += [f"- `{c}`" for c in commands]
     text = "\n".join(lines) + "\n"
     md = Path(f"{out}.md")
     if md.exists() and "<!-- reading -->" in md.read_text():

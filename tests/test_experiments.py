@@ -611,8 +611,10 @@ def test_ppo_vs_grpo_report_from_two_fake_runs(tmp_path):
         logs[f"{method}{seed}"] = {"time/rollout": [(1, secs), (2, secs)], "time/update": [(1, 0.0), (2, 0.0)],
                                    "eval/accuracy": [(0, acc[0]), (2, acc[1])],
                                    "val/length_right": [(1, 3.0), (2, 4.0)], "val/length_wrong": [(1, 5.0), (2, 7.0)]}
-    records = [{"method": m, "seed": s, "command": "c", "run_dir": f"{m}{s}", "peak_rss_gb": gb, "wall_s": w,
-                "commit": "abc", "date": "2026-11-25"}
+    commands = {("ppo", 1): "python ppo.py --seed 1 --x 1", ("ppo", 2): "python ppo.py --seed 2 --x 1",
+                ("grpo", 1): "python grpo.py --seed 1 --x 1", ("grpo", 2): "python grpo.py --seed 2 --x 2"}
+    records = [{"method": m, "seed": s, "command": commands[m, s], "run_dir": f"{m}{s}", "peak_rss_gb": gb,
+                "wall_s": w, "commit": "abc", "date": "2026-11-25"}
                for m, s, gb, w in [("ppo", 1, 6.0, 100.0), ("ppo", 2, 6.0, 100.0), ("grpo", 1, 3.0, 30.0),
                                    ("grpo", 2, 3.0, 50.0)]]
     methods = pvg.summarize(records, logs.__getitem__)
@@ -625,6 +627,9 @@ def test_ppo_vs_grpo_report_from_two_fake_runs(tmp_path):
     assert "| GRPO | 0.1 | 25% | 0.7 | 40% | 3.00 | 50% | 3.50 / 6.00 |" in text
     assert "| GRPO | -10.0% ± " in text  # 0.5 vs 0.6 at 128 completions
     assert (tmp_path / "page.png").exists() and json.loads((tmp_path / "page.json").read_text())["ppo"]
+    # the commands: one line where a method's runs differ only in the seed, else one line a run
+    assert "- `python ppo.py --seed 1 --x 1`; seeds 2: the same with their `--seed`\n" in text
+    assert "- `python grpo.py --seed 1 --x 1`\n- `python grpo.py --seed 2 --x 2`\n" in text
 
 
 def test_overopt_bootstrap_interval_resamples_prompts_by_hand():
