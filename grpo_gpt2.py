@@ -17,9 +17,14 @@ Usage:
 What the code computes (i: a response of a group of G; t: one of its |o_i| real tokens, stop token included):
     advantages_i = (scores_i - mean of the group's scores) / (their std + 1e-4)   (--scale-rewards none: no /,
                    Dr. GRPO: the division weighs groups that are nearly all right or all wrong the most)
+      --advantage rloo (RLOO, Ahmadian et al. 2024, arXiv:2402.14740): scores_i - the mean of the OTHER
+                   G - 1 scores of its group, no std (= G / (G - 1) times the centered score; its paper's loss
+                   is the summed log-prob, one step a batch: --loss-type dr_grpo, --update-epochs 1)
     ratio_it     = exp(newlogprob_it - logprobs_it)                   (logprobs: recorded when sampling)
     pg_loss_it   = max(-A_i * ratio_it, -A_i * clip(ratio_it, 1 - clip_coef, 1 + clip_coef_high))
     kl_it        = exp(ref_logprobs_it - newlogprob_it) - (ref_logprobs_it - newlogprob_it) - 1      (k3)
+      --use-bias-correction-kl: kl_it * ratio_it, the ratio not detached (as TRL), whose gradient is
+                   ratio_it * (newlogprob_it - ref_logprobs_it) grad newlogprob_it: KL(pi || pi_ref)'s
     loss         = aggregate(pg_loss_it + beta * kl_it), by --loss-type, over N responses, T real tokens:
       grpo:     1/N sum_i 1/|o_i| sum_t   every response weighs the same, so a token of a long one weighs
                 less: long wrong answers are penalized less per token, short right ones rewarded more
@@ -27,9 +32,12 @@ What the code computes (i: a response of a group of G; t: one of its |o_i| real 
       dapo:     1/T sum_i sum_t           every token weighs the same; no length bias within a batch, but a
                 batch's step size depends on how many tokens it has.
       dr_grpo:  1/(N * response_length) sum_i sum_t   a constant: no length bias, and no batch-length effect.
-    With --num-iterations 1 and one minibatch the policy has not moved when its loss is computed: ratio = 1,
+    With --update-epochs 1 and one minibatch the policy has not moved when its loss is computed: ratio = 1,
     the clip never acts, and the gradient is the plain policy gradient sum_i A_i grad log pi(o_i), weighted
     as the aggregation says. The clip matters from a second pass or minibatch on.
+TRL's GRPOConfig names: num_generations, beta, loss_type, scale_rewards, use_bias_correction_kl as here; its
+    num_iterations (mu) is --update-epochs (num_iterations here: total_episodes / batch_size, as in the PPO
+    file); epsilon, epsilon_high: --clip-coef, --clip-coef-high; max_completion_length: --response-length.
 
 Implementation details, numbered as in ppo_rlhf_gpt2.py where they are the same idea (gone: 2, 5, 7, 9, 10,
 13, 31-34: the value model, GAE, whitening, the KL in the reward):
@@ -39,13 +47,18 @@ Implementation details, numbered as in ppo_rlhf_gpt2.py where they are the same 
 23-30: a pad token distinct from EOS, left padding, position ids from the mask, logits / temperature, pure
     sampling, dropout off, truncation after the first stop token, the EOS trick (in that order).
 35. Groups: each batch is batch_size / G prompts, each repeated G times in a row.
-36. The group-relative advantage, the same on every token of a response. A group whose scores are all equal
-    gets exactly 0 (no signal; rounding noise in its std cannot be blown up).
+36. The group-relative advantage, the same on every token of a response (or RLOO's). A group whose scores are
+    all equal gets exactly 0 (no signal; rounding noise in its std cannot be blown up).
 37. The loss aggregation, over the whole minibatch even when it is split into micro-batches: each
     micro-batch adds its share, computed with the minibatch's N and T.
-38. The KL to the reference in the loss (k3), not in the reward; at --beta 0 no reference model at all.
+38. The KL to the reference in the loss (k3), not in the reward; at --beta 0 no reference model at all. Its
+    gradient is (1 - pi_ref / pi) grad log pi. Once a pass or minibatch has moved the policy, on the stale
+    samples pi_ref / pi - 1 is unbounded while the clip has switched the policy term off on those tokens:
+    the k3 term alone drives the step. --use-bias-correction-kl: ratio * log(pi / pi_ref) in its place.
 39. An upper clip that may differ from the lower one (--clip-coef-high, DAPO's clip-higher).
-40. --num-iterations passes over each batch (GRPO's mu; PPO's --update-epochs).
+40. --update-epochs passes over each batch (GRPO's mu, TRL's num_iterations): above 1, or with minibatches,
+    the samples go stale, the clip acts, and without --use-bias-correction-kl the k3 term behaves as in 38.
+41. --eval-split validation: evaluate on training problems set aside (never trained on), for tuning.
 """
 
 import copy
@@ -83,6 +96,7 @@ class Args:
     eval_checkpoint: str | None = None  # a --save-model folder: only score it on the held-out prompts
     eval_every: int = 0  # also score the held-out prompts every this many iterations (0: before and after)
     eval_greedy: bool = False  # also score greedy decoding (the most likely token at every step)
+    eval_split: Literal["held_out", "validation"] = "held_out"  # detail 41 (validation: for tuning)
 
     # models and task (as in ppo_rlhf_gpt2.py)
     model_name: str = "gpt2"  # the policy: a causal LM's hub id or local directory
@@ -101,17 +115,19 @@ class Args:
     total_episodes: int = 10_000  # responses sampled during training
     batch_size: int = 64  # responses per iteration: batch_size / num_generations prompts
     num_generations: int = 8  # G, the responses sampled for each prompt (a group)
-    num_iterations: int = 1  # GRPO's mu: passes over each batch (PPO's --update-epochs)
+    update_epochs: int = 1  # detail 40: passes over each batch (GRPO's mu, TRL's num_iterations)
     num_minibatches: int = 1  # minibatches (optimizer steps) per batch and pass
     gradient_accumulation_steps: int = 4  # micro-batches per minibatch, their gradients accumulated
     local_rollout_forward_batch_size: int = 16  # responses per reference and reward pass
     learning_rate: float = 2e-5  # the learning rate of Adam
     anneal_lr: bool = True  # anneal the learning rate linearly to 0
-    scale_rewards: Literal["group", "none"] = "group"  # divide by the group's std (none: Dr. GRPO)
+    advantage: Literal["grpo", "rloo"] = "grpo"  # detail 36: the group's baseline, or RLOO's leave-one-out
+    scale_rewards: Literal["group", "none"] = "group"  # divide by the group's std (none: Dr. GRPO; not RLOO)
     loss_type: Literal["grpo", "dapo", "dr_grpo"] = "grpo"  # how token losses become one (see above)
     clip_coef: float = 0.2  # the surrogate clipping coefficient (the lower clip: 1 - clip_coef)
     clip_coef_high: float | None = None  # detail 39: the upper clip is 1 + this (None: clip_coef; DAPO: 0.28)
     beta: float = 0.04  # coefficient of the k3 KL in the loss (0: no reference model)
+    use_bias_correction_kl: bool = False  # detail 38: the k3 term times the ratio pi / pi_old (TRL's flag)
     max_grad_norm: float = 1.0  # the maximum norm of the global gradient
     missing_eos_penalty: float | None = -1.0  # the score of a response without the stop token (None: off)
 
@@ -119,7 +135,7 @@ class Args:
     prompts_per_batch: int = 0  # computed: batch_size // num_generations
     minibatch_size: int = 0  # computed: batch_size // num_minibatches
     micro_batch_size: int = 0  # computed: the micro-batch size
-    num_batches: int = 0  # computed: total_episodes // batch_size, the training iterations
+    num_iterations: int = 0  # computed: total_episodes // batch_size
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -138,13 +154,6 @@ def query_batches(prompts: list[str], tokenizer, args: Args, device: torch.devic
         chosen, indices = indices[: args.prompts_per_batch], indices[args.prompts_per_batch :]
         queries = tokenize_queries(tokenizer, [prompts[i] for i in chosen], args.max_query_length, device)
         yield queries.repeat_interleave(args.num_generations, dim=0)
-
-
-def verify_sum(text: str, response: str) -> float:
-    """The verifier: +1 if the first number in the response is the sum asked for in the text, else -1."""
-    a, b = re.search(r"What is (\d+) \+ (\d+)\?", text).groups()
-    answer = re.search(r"-?\d+(\.\d+)?", response)  # "7.5" is not 7
-    return 1.0 if answer is not None and float(answer.group()) == int(a) + int(b) else -1.0
 
 
 def tokenize_queries(tokenizer, prompts: list[str], max_query_length: int, device) -> torch.Tensor:
@@ -256,14 +265,17 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask, x, 0.0).sum() / mask.sum()
 
 
-def group_advantages(scores: torch.Tensor, num_generations: int, scale_rewards: str):
+def group_advantages(scores: torch.Tensor, num_generations: int, scale_rewards: str, advantage: str = "grpo"):
     """detail 36: each response's score minus the mean of its group (num_generations consecutive responses),
-    divided by the group's std (unbiased) + 1e-4 unless scale_rewards is "none". Returns the advantages
-    (batch,) and, per group, whether all its scores are equal (those groups get advantage 0 exactly)."""
+    divided by the group's std (unbiased) + 1e-4 unless scale_rewards is "none"; or (rloo) minus the mean of
+    the group's other scores, no std. Returns the advantages (batch,) and, per group, whether all its scores
+    are equal (those groups get advantage 0 exactly)."""
     grouped = scores.view(-1, num_generations)
     all_equal = (grouped == grouped[:, :1]).all(dim=1)
     advantages = grouped - grouped.mean(dim=1, keepdim=True)
-    if scale_rewards == "group":
+    if advantage == "rloo":  # the leave-one-out baseline: the mean of the other G - 1 scores
+        advantages = grouped - (grouped.sum(dim=1, keepdim=True) - grouped) / (num_generations - 1)
+    elif scale_rewards == "group":
         advantages = advantages / (grouped.std(dim=1, keepdim=True) + 1e-4)
     return advantages.masked_fill(all_equal.unsqueeze(1), 0.0).flatten(), all_equal
 
@@ -278,11 +290,13 @@ def policy_loss(newlogprob, logprobs, advantages, clip_coef: float, clip_coef_hi
     return torch.max(pg_loss1, pg_loss2), ratio, logratio
 
 
-def k3_kl(newlogprob, ref_logprobs) -> torch.Tensor:
+def k3_kl(newlogprob, ref_logprobs, ratio=None) -> torch.Tensor:
     """detail 38: the k3 estimate of KL(pi || pi_ref) per token, (q - 1) - log q with q = pi_ref / pi of the
-    sampled token: never negative, and its gradient is (1 - q) grad log pi, which pulls pi toward pi_ref."""
+    sampled token: never negative, and its gradient is (1 - q) grad log pi, which pulls pi toward pi_ref.
+    With the ratio pi / pi_old (--use-bias-correction-kl, not detached): times it, gradient -ratio log q."""
     logr = ref_logprobs - newlogprob
-    return logr.exp() - logr - 1
+    kl = logr.exp() - logr - 1
+    return kl if ratio is None else kl * ratio
 
 
 def aggregate(token_loss, response_mask, loss_type: str, num_responses: int, num_tokens,
@@ -295,22 +309,6 @@ def aggregate(token_loss, response_mask, loss_type: str, num_responses: int, num
     if loss_type == "dapo":
         return token_loss.sum() / num_tokens
     return token_loss.sum() / (num_responses * response_length)  # dr_grpo
-
-
-def debug_variables(all_logprobs, ratio, logratio, advantages, response_mask, clip_coef: float,
-                    clip_coef_high: float) -> dict:
-    """detail 12: over the real tokens, the entropy, the KL estimates of the step, and the clip fractions:
-    out of the range, and where the clip stops the gradient (low: ratio < 1 - clip_coef and A < 0; high)."""
-    entropy = -(all_logprobs.exp() * all_logprobs).sum(-1)
-    low, high = ratio < 1 - clip_coef, ratio > 1 + clip_coef_high
-    advantages = advantages.unsqueeze(1)
-    return {"entropy": masked_mean(entropy, response_mask),
-            "old_approx_kl": masked_mean(-logratio, response_mask),
-            "approx_kl": masked_mean((ratio - 1) - logratio, response_mask),
-            "clipfrac": masked_mean((low | high).float(), response_mask),
-            "clipfrac_low": masked_mean((low & (advantages < 0)).float(), response_mask),
-            "clipfrac_high": masked_mean((high & (advantages > 0)).float(), response_mask),
-            "ratio": masked_mean(ratio, response_mask)}
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -360,9 +358,9 @@ def main(args: Args) -> dict:
     stats, iteration, interrupted = {}, 0, False
     start_time = time.time()
     try:
-        for iteration in range(1, args.num_batches + 1):
+        for iteration in range(1, args.num_iterations + 1):
             if args.anneal_lr:  # detail 4
-                frac = 1.0 - (iteration - 1.0) / args.num_batches
+                frac = 1.0 - (iteration - 1.0) / args.num_iterations
                 optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
             # 2. rollout: the groups of responses, their scores, and the reference's log-probs
@@ -390,12 +388,13 @@ def main(args: Args) -> dict:
             if args.missing_eos_penalty is not None:  # detail 30: the EOS trick
                 scores = raw_scores.masked_fill(~contain_stop, args.missing_eos_penalty)
             # detail 36: the group-relative advantage of each response
-            advantages, all_equal = group_advantages(scores, args.num_generations, args.scale_rewards)
+            advantages, all_equal = group_advantages(scores, args.num_generations, args.scale_rewards,
+                                                     args.advantage)
 
             # 4. update
             update_start = time.time()
             update_stats = {}  # for each debug variable, one tensor per micro-batch; averaged in 5.
-            for epoch in range(args.num_iterations):  # detail 40
+            for epoch in range(args.update_epochs):  # detail 40
                 b_inds = torch.randperm(args.batch_size, device=device)
                 for start in range(0, args.batch_size, args.minibatch_size):  # detail 6
                     mb_inds = b_inds[start : start + args.minibatch_size]
@@ -415,8 +414,9 @@ def main(args: Args) -> dict:
                         sizes = (args.loss_type, args.minibatch_size, minibatch_tokens, args.response_length)
                         losses = {"policy_loss": aggregate(token_pg_loss, micro_mask, *sizes)}
                         if ref_logprobs is not None:  # detail 38: the KL to the reference, in the loss
-                            losses["kl"] = aggregate(k3_kl(newlogprob, ref_logprobs[micro_inds]), micro_mask,
-                                                     *sizes)
+                            kl = k3_kl(newlogprob, ref_logprobs[micro_inds],
+                                       ratio if args.use_bias_correction_kl else None)
+                            losses["kl"] = aggregate(kl, micro_mask, *sizes)
                         loss = losses["policy_loss"] + args.beta * losses.get("kl", 0.0)
                         loss.backward()
                         with torch.no_grad():
@@ -464,16 +464,16 @@ def main(args: Args) -> dict:
                 stats["val/length_wrong"] = lengths[~right].mean().item()
             for tag, value in stats.items():
                 writer.add_scalar(tag, value, iteration)
-            if iteration == 1 or iteration % args.log_samples_every == 0 or iteration == args.num_batches:
+            if iteration == 1 or iteration % args.log_samples_every == 0 or iteration == args.num_iterations:
                 rows = list(zip(tokenizer.batch_decode(queries, skip_special_tokens=True),
                                 tokenizer.batch_decode(responses, skip_special_tokens=True),
                                 [f"{s:.2f} (A {a:+.2f})" for s, a in zip(scores.tolist(), advantages)]))
                 table = markdown_table(rows[: 2 * args.num_generations], ("query", "response", "score"))
                 writer.add_text("samples", table, iteration)
-            print(f"iteration {iteration}/{args.num_batches} score {stats['objective/scores']:.3f} "
+            print(f"iteration {iteration}/{args.num_iterations} score {stats['objective/scores']:.3f} "
                   f"zero-advantage groups {stats['val/zero_advantage_groups']:.0%}")
 
-            if args.eval_every > 0 and iteration % args.eval_every == 0 and iteration < args.num_batches:
+            if args.eval_every > 0 and iteration % args.eval_every == 0 and iteration < args.num_iterations:
                 if args.eval_episodes > 0:
                     held_out_evaluation(policy, f"iteration_{iteration}", iteration)
     except KeyboardInterrupt:
@@ -497,8 +497,24 @@ def main(args: Args) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------------------
-# Plumbing, skippable on a first reading: the held-out evaluation, --eval-checkpoint, argument checks, loading
-# and saving, the task's prompts.
+# Plumbing, skippable on a first reading: the debug variables, the held-out evaluation, --eval-checkpoint,
+# argument checks, loading and saving, the task's prompts and verifier.
+
+
+def debug_variables(all_logprobs, ratio, logratio, advantages, response_mask, clip_coef: float,
+                    clip_coef_high: float) -> dict:
+    """detail 12: over the real tokens, the entropy, the KL estimates of the step, and the clip fractions:
+    out of the range, and where the clip stops the gradient (low: ratio < 1 - clip_coef and A < 0; high)."""
+    entropy = -(all_logprobs.exp() * all_logprobs).sum(-1)
+    low, high = ratio < 1 - clip_coef, ratio > 1 + clip_coef_high
+    advantages = advantages.unsqueeze(1)
+    return {"entropy": masked_mean(entropy, response_mask),
+            "old_approx_kl": masked_mean(-logratio, response_mask),
+            "approx_kl": masked_mean((ratio - 1) - logratio, response_mask),
+            "clipfrac": masked_mean((low | high).float(), response_mask),
+            "clipfrac_low": masked_mean((low & (advantages < 0)).float(), response_mask),
+            "clipfrac_high": masked_mean((high & (advantages > 0)).float(), response_mask),
+            "ratio": masked_mean(ratio, response_mask)}
 
 
 @torch.inference_mode()
@@ -543,10 +559,11 @@ def evaluate(policy, eval_prompts, tokenizer, stop_token_id: int, reward_fn, arg
 def print_held_out_summary(eval_stats: dict, args: Args) -> None:
     """The held-out evaluations of the initial and the final policy, in a few printed lines."""
     initial, final = eval_stats["initial"]["raw_score_mean"], eval_stats["final"]["raw_score_mean"]
-    print(f"held-out prompts: raw score {initial:.3f} -> {final:.3f}")
+    split = "held-out" if args.eval_split == "held_out" else "validation"
+    print(f"{split} prompts: raw score {initial:.3f} -> {final:.3f}")
     for mode in (["", "_greedy"] if args.eval_greedy else [""]) if "accuracy" in eval_stats["final"] else []:
         before, after = eval_stats["initial" + mode], eval_stats["final" + mode]
-        print(f"held-out accuracy{mode.replace('_', ', ')}: {before['accuracy']:.1%} +- "
+        print(f"{split} accuracy{mode.replace('_', ', ')}: {before['accuracy']:.1%} +- "
               f"{before['accuracy_stderr']:.1%} -> {after['accuracy']:.1%} +- {after['accuracy_stderr']:.1%} "
               f"(standard error over {after['prompts']} problems)")
 
@@ -580,7 +597,7 @@ def check_args(args: Args) -> None:
                 flag = "--" + name.replace("_", "-")
                 raise SystemExit(f"error: {flag} must be {requirement} (got {getattr(args, name)})")
 
-    require(("response_length", "max_query_length", "batch_size", "num_minibatches", "num_iterations",
+    require(("response_length", "max_query_length", "batch_size", "num_minibatches", "update_epochs",
              "gradient_accumulation_steps", "local_rollout_forward_batch_size", "log_samples_every",
              "num_threads", "arithmetic_digits"), lambda v: v >= 1, "at least 1")
     require(("num_generations",), lambda v: v >= 2, "at least 2: a group of one response has no other to be "
@@ -590,6 +607,8 @@ def check_args(args: Args) -> None:
     require(("clip_coef_high",), lambda v: v is None or v > 0, "positive or None")
     require(("scale_rewards",), lambda v: v in ("group", "none"), "group or none")
     require(("loss_type",), lambda v: v in ("grpo", "dapo", "dr_grpo"), "grpo, dapo or dr_grpo")
+    require(("advantage",), lambda v: v in ("grpo", "rloo"), "grpo or rloo")
+    require(("eval_split",), lambda v: v in ("held_out", "validation"), "held_out or validation")
     if not 0 <= args.min_response_length < args.response_length:
         raise SystemExit(f"error: --min-response-length {args.min_response_length} must be at least 0 and "
                          f"smaller than --response-length {args.response_length}")
@@ -609,7 +628,10 @@ def check_args(args: Args) -> None:
     if args.total_episodes < args.batch_size:
         raise SystemExit(f"error: --total-episodes {args.total_episodes} is smaller than one batch "
                          f"(--batch-size {args.batch_size})")
-    args.num_batches = args.total_episodes // args.batch_size
+    if args.num_iterations not in (0, args.total_episodes // args.batch_size):
+        raise SystemExit(f"error: --num-iterations is computed (--total-episodes / --batch-size); the passes "
+                         f"over each batch (TRL's num_iterations) are --update-epochs {args.num_iterations}")
+    args.num_iterations = args.total_episodes // args.batch_size
     if args.clip_coef_high is None:  # detail 39: a symmetric clip unless asked
         args.clip_coef_high = args.clip_coef
     if not args.stop_token:
@@ -801,28 +823,53 @@ def use_saved_sampling(args: Args) -> None:
                 setattr(args, name, value)
 
 
-def arithmetic_problems(digits: int, held_out: bool) -> list[str]:
+def verify_sum(text: str, response: str) -> float:
+    """The verifier: +1 if the first number in the response is the sum asked for in the text, else -1."""
+    a, b = re.search(r"What is (\d+) \+ (\d+)\?", text).groups()
+    answer = re.search(r"-?\d+(\.\d+)?", response)  # "7.5" is not 7
+    return 1.0 if answer is not None and float(answer.group()) == int(a) + int(b) else -1.0
+
+
+def arithmetic_problems(digits: int, held_out: bool, validation: bool = False) -> list[str]:
     """The prompts of --reward-model arithmetic: every sum of two numbers of `digits` digits, split once by a
-    fixed seed (whatever --seed) into training and held-out problems; a + b and b + a on the same side."""
+    fixed seed (whatever --seed) into training and held-out problems; a + b and b + a on the same side. An
+    eighth of the training pairs (fixed too) is the validation split (detail 41): validation=True gives it,
+    held_out=False with validation=False the training problems including it."""
     numbers = range(0 if digits == 1 else 10 ** (digits - 1), 10**digits)
     pairs = [(a, b) for a in numbers for b in numbers if a <= b]
     random.Random(0).shuffle(pairs)
     pairs = pairs[: len(pairs) // 4] if held_out else pairs[len(pairs) // 4 :]
+    if validation:
+        pairs = pairs[: max(1, len(pairs) // 8)]
     return [f"What is {a} + {b}? The answer is" for x, y in pairs for a, b in dict.fromkeys([(x, y), (y, x)])]
 
 
 def load_prompts(args: Args) -> tuple[list[str], list[str]]:
-    """The training prompts and the held-out ones."""
+    """The training prompts and the evaluated ones: the held-out ones, or (--eval-split validation, detail 41)
+    a fixed slice of the training ones, then left out of training."""
     if args.reward_model == "arithmetic":
-        return (arithmetic_problems(args.arithmetic_digits, held_out=False),
-                arithmetic_problems(args.arithmetic_digits, held_out=True))
-    if args.prompts_file is None:
-        return list(PROMPTS), list(EVAL_PROMPTS)
-    with open(args.prompts_file) as f:
-        prompts = [line.strip() for line in f if line.strip()]
-    if not prompts:
-        raise SystemExit(f"error: --prompts-file {args.prompts_file} contains no prompts")
-    return prompts, list(EVAL_PROMPTS)
+        prompts = arithmetic_problems(args.arithmetic_digits, held_out=False)
+        eval_prompts = arithmetic_problems(args.arithmetic_digits, held_out=True)
+        if args.eval_split == "validation":
+            eval_prompts = arithmetic_problems(args.arithmetic_digits, held_out=False, validation=True)
+    elif args.prompts_file is None:
+        prompts, eval_prompts = list(PROMPTS), list(EVAL_PROMPTS)
+    else:
+        with open(args.prompts_file) as f:
+            prompts, eval_prompts = [line.strip() for line in f if line.strip()], list(EVAL_PROMPTS)
+        if not prompts:
+            raise SystemExit(f"error: --prompts-file {args.prompts_file} contains no prompts")
+    if args.eval_split == "validation" and args.reward_model != "arithmetic":
+        if len(prompts) < 2:
+            raise SystemExit(f"error: --eval-split validation: --prompts-file {args.prompts_file} has one "
+                             f"prompt, none to set aside; give it at least 2 or use --eval-split held_out")
+        eval_prompts = prompts[-max(1, len(prompts) // 8) :]  # the last eighth, fixed
+    if args.eval_split == "validation":
+        prompts = [p for p in prompts if p not in set(eval_prompts)]  # never trained on
+        if not prompts:
+            raise SystemExit("error: --eval-split validation: no training prompt is left; give more distinct "
+                             "prompts or use --eval-split held_out")
+    return prompts, eval_prompts
 
 
 def diversity(responses: torch.Tensor, response_mask: torch.Tensor) -> tuple[float, float]:

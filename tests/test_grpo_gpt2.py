@@ -6,6 +6,7 @@ different lengths, two passes over two minibatches); bad arguments; Ctrl-C; savi
 import copy
 import json
 import math
+import re
 import statistics
 import time
 from pathlib import Path
@@ -16,6 +17,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel
 
 import grpo_gpt2 as grpo
+import ppo_rlhf_gpt2 as rlhf
 
 EOS = "<|endoftext|>"
 
@@ -75,7 +77,11 @@ def stops_at_lengths_1_to_8(tiny, monkeypatch):
     (dict(batch_size=8, num_minibatches=2, gradient_accumulation_steps=3), "--gradient-accumulation-steps 3"),
     (dict(clip_coef_high=0.0), "--clip-coef-high must be positive or None"),
     (dict(clip_coef=-0.2), "--clip-coef must be positive"),
-    (dict(num_iterations=0), "--num-iterations must be at least 1"),
+    (dict(update_epochs=0), "--update-epochs must be at least 1"),
+    (dict(num_iterations=4), r"--num-iterations is computed \(--total-episodes / --batch-size\); the passes over "
+                             r"each batch \(TRL's num_iterations\) are --update-epochs 4"),
+    (dict(advantage="gae"), "--advantage must be grpo or rloo"),
+    (dict(eval_split="test"), "--eval-split must be held_out or validation"),
     (dict(total_episodes=4), "--total-episodes 4 is smaller than one batch"),
     (dict(learning_rate=0.0), "--learning-rate must be positive"),
     (dict(min_response_length=8), "--min-response-length"),
@@ -99,7 +105,48 @@ def test_the_upper_clip_defaults_to_the_lower_one(tiny, tmp_path):
     args = tiny_args(tiny, tmp_path, clip_coef=0.2, clip_coef_high=0.28)
     grpo.check_args(args)
     assert (args.clip_coef, args.clip_coef_high) == (0.2, 0.28)
-    assert (args.prompts_per_batch, args.minibatch_size, args.micro_batch_size, args.num_batches) == (2, 8, 8, 2)
+    assert (args.prompts_per_batch, args.minibatch_size, args.micro_batch_size, args.num_iterations) == (2, 8, 8, 2)
+
+
+def sums(prompts) -> set:
+    """The unordered pairs {a, b} of arithmetic prompts, read back from their text."""
+    return {frozenset(map(int, re.search(r"What is (\d+) \+ (\d+)\?", p).groups())) for p in prompts}
+
+
+@pytest.mark.parametrize("digits, pairs, validation_pairs", [
+    (1, 55, 5),  # 0..9: 10 * 11 / 2 pairs a <= b; held out 55 // 4 = 13; 42 train; 42 // 8 = 5 set aside
+    (2, 4095, 384),  # 10..99: 90 * 91 / 2; held out 1023; 3072 train; 3072 // 8 = 384 set aside
+])
+def test_the_validation_split_is_fixed_disjoint_and_never_trained_on(tiny, tmp_path, digits, pairs,
+                                                                     validation_pairs):
+    held = grpo.load_prompts(tiny_args(tiny, tmp_path, reward_model="arithmetic", arithmetic_digits=digits))
+    val = grpo.load_prompts(tiny_args(tiny, tmp_path, reward_model="arithmetic", arithmetic_digits=digits,
+                                      eval_split="validation", seed=7))
+    # --eval-split held_out: the training prompts as before, the same as ppo_rlhf_gpt2.py's
+    assert held == (rlhf.arithmetic_problems(digits, held_out=False), rlhf.arithmetic_problems(digits, True))
+    train, validation = val
+    assert len(sums(validation)) == validation_pairs and len(sums(held[0])) + len(sums(held[1])) == pairs
+    assert not set(validation) & set(train) and not set(validation) & set(held[1])
+    assert not sums(validation) & sums(train)  # a + b and b + a on the same side
+    assert set(train) | set(validation) == set(held[0]) and len(train) + len(validation) == len(held[0])
+    if digits == 2:
+        assert len(validation) >= 256
+    # fixed: independent of --seed
+    assert val == grpo.load_prompts(tiny_args(tiny, tmp_path, reward_model="arithmetic", arithmetic_digits=digits,
+                                              eval_split="validation", seed=1))
+
+
+def test_the_validation_split_of_a_prompt_list_is_its_last_eighth(tiny, tmp_path):
+    train, validation = grpo.load_prompts(tiny_args(tiny, tmp_path, eval_split="validation"))
+    assert len(grpo.PROMPTS) == 72 and validation == grpo.PROMPTS[-9:] and train == grpo.PROMPTS[:-9]
+    assert grpo.load_prompts(tiny_args(tiny, tmp_path)) == (grpo.PROMPTS, grpo.EVAL_PROMPTS)
+    prompts_file = tmp_path / "prompts.txt"
+    prompts_file.write_text("one\ntwo\nthree\n")  # 3 // 8 = 0: at least one set aside
+    assert grpo.load_prompts(tiny_args(tiny, tmp_path, prompts_file=str(prompts_file),
+                                       eval_split="validation")) == (["one", "two"], ["three"])
+    prompts_file.write_text("one\n")
+    with pytest.raises(SystemExit, match="--eval-split validation: --prompts-file .* has one prompt"):
+        grpo.load_prompts(tiny_args(tiny, tmp_path, prompts_file=str(prompts_file), eval_split="validation"))
 
 
 # ---------------------------------------------------------------------------------------------- the math
@@ -186,6 +233,51 @@ def test_k3_value_and_gradient_by_hand():
     assert newlogprob.grad.tolist() == pytest.approx([0.5, -2.0, 0.0], abs=1e-6)
 
 
+def test_rloo_advantages_by_hand():
+    """RLOO: each score minus the mean of the other G - 1 scores of its group, no std, whatever --scale-rewards.
+    [1, -1, -1, 1]: 1 - (-1 - 1 + 1) / 3 = 4/3 and -1 - (1 - 1 + 1) / 3 = -4/3; [3, 1, 0, 0]: 3 - 1/3 = 8/3,
+    1 - 1 = 0, 0 - 4/3 = -4/3 (twice); [0.7] * 4: all equal, exactly 0. G = 3, [3, 0, 0]: 3, -1.5, -1.5."""
+    scores = torch.tensor([1.0, -1.0, -1.0, 1.0, 3.0, 1.0, 0.0, 0.0, 0.7, 0.7, 0.7, 0.7])
+    expected = [4 / 3, -4 / 3, -4 / 3, 4 / 3, 8 / 3, 0, -4 / 3, -4 / 3, 0, 0, 0, 0]
+    for scale_rewards in ("group", "none"):
+        advantages, all_equal = grpo.group_advantages(scores, 4, scale_rewards, "rloo")
+        assert advantages.tolist() == pytest.approx(expected, abs=1e-6)
+        assert all_equal.tolist() == [False, False, True]
+        assert advantages.view(3, 4).sum(1).tolist() == pytest.approx([0, 0, 0], abs=1e-6)  # sums to 0
+        assert advantages[8:].tolist() == [0.0] * 4
+    three, _ = grpo.group_advantages(torch.tensor([3.0, 0.0, 0.0]), 3, "none", "rloo")
+    assert three.tolist() == pytest.approx([3, -1.5, -1.5])
+    rounded = torch.tensor([0.1] * 8, dtype=torch.float32) * 3  # equal, whose float sums need not be exact
+    assert (grpo.group_advantages(rounded, 8, "none", "rloo")[0] == 0).all()
+
+
+def test_bias_corrected_k3_value_and_gradient_by_hand():
+    """k3 times the ratio pi / pi_old, the ratio not detached (as TRL): d(ratio * k3) / d log pi = ratio * (k3 +
+    1 - q) = -ratio * log q = ratio * log(pi / pi_ref). pi = 0.5, pi_ref = 0.25 (q = 0.5, k3 = log 2 - 0.5):
+    - not moved (pi_old = 0.5, ratio 1): the same value as the plain k3, the gradient log 2 (plain: 1 - q = 0.5;
+      the two gradients agree only where pi = pi_ref, both 0);
+    - moved (pi_old = 0.25, ratio 2): value 2 (log 2 - 0.5), gradient 2 log 2 (plain: 0.5 still);
+    - stale and far: pi = 0.01, pi_ref = 0.5, pi_old = 0.5 (ratio 0.02): plain gradient 1 - 50 = -49, corrected
+      0.02 * log(0.02) = -0.0782: bounded where the plain one is not."""
+    for pi, ref, old, value, grad, plain_grad in [
+            (0.5, 0.25, 0.5, math.log(2) - 0.5, math.log(2), 0.5),
+            (0.5, 0.25, 0.25, 2 * (math.log(2) - 0.5), 2 * math.log(2), 0.5),
+            (0.5, 0.5, 0.25, 0.0, 0.0, 0.0),
+            (0.01, 0.5, 0.5, 0.02 * (50 - 1 - math.log(50)), 0.02 * math.log(0.02), -49.0)]:
+        newlogprob = torch.tensor([math.log(pi)], requires_grad=True)
+        _, ratio, _ = grpo.policy_loss(newlogprob.unsqueeze(0), torch.tensor([[math.log(old)]]), torch.ones(1),
+                                       0.2, 0.2)
+        corrected = grpo.k3_kl(newlogprob, torch.tensor([math.log(ref)]), ratio.squeeze(0))
+        assert corrected.item() == pytest.approx(value, abs=1e-6)
+        corrected.sum().backward()
+        assert newlogprob.grad.item() == pytest.approx(grad, abs=1e-5)
+        plain_logprob = torch.tensor([math.log(pi)], requires_grad=True)
+        grpo.k3_kl(plain_logprob, torch.tensor([math.log(ref)])).sum().backward()
+        assert plain_logprob.grad.item() == pytest.approx(plain_grad, abs=1e-5)
+        if old == pi:  # ratio 1: the same value as the plain k3
+            assert corrected.item() == pytest.approx(grpo.k3_kl(plain_logprob, torch.tensor([math.log(ref)])).item())
+
+
 def test_asymmetric_clip_by_hand():
     """clip_coef 0.2 below, 0.28 above: the loss and whether its gradient flows at ratios inside and outside
     each side, for positive and negative advantages; the clip fractions count each case."""
@@ -265,9 +357,9 @@ class Recorder:
             self.aggregates.append((token_loss.detach(), response_mask, a))
             return real_aggregate(token_loss, response_mask, *a)
 
-        def k3_kl(newlogprob, ref_logprobs):
-            self.kls.append((newlogprob.detach(), ref_logprobs))
-            return real_k3(newlogprob, ref_logprobs)
+        def k3_kl(newlogprob, ref_logprobs, ratio=None):
+            self.kls.append((newlogprob.detach(), ref_logprobs, None if ratio is None else ratio.detach()))
+            return real_k3(newlogprob, ref_logprobs, ratio)
 
         real_clip = torch.nn.utils.clip_grad_norm_
 
@@ -283,7 +375,7 @@ class Recorder:
 
 
 def test_one_iteration_is_the_plain_policy_gradient(tiny, tmp_path, monkeypatch, stops_at_lengths_1_to_8):
-    """--num-iterations 1, one minibatch (two micro-batches), beta 0: the ratio is 1 on every token, and the
+    """--update-epochs 1, one minibatch (two micro-batches), beta 0: the ratio is 1 on every token, and the
     gradient applied is that of -1/N sum_i A_i / |o_i| sum_t log pi(o_it), A_i the group-relative advantage
     worked out here from the scores, log pi from a plain forward pass of the initial policy."""
     monkeypatch.setattr(grpo, "load_reward_fn", mod3_reward)
@@ -315,16 +407,19 @@ def test_one_iteration_is_the_plain_policy_gradient(tiny, tmp_path, monkeypatch,
     assert any(g.abs().max() > 1e-4 for g in applied)
 
 
-def test_main_glue_over_groups_lengths_minibatches_and_passes(tiny, tmp_path, monkeypatch,
-                                                              stops_at_lengths_1_to_8):
+@pytest.mark.parametrize("advantage, use_bias_correction_kl", [("grpo", False), ("rloo", True)])
+def test_main_glue_over_groups_lengths_minibatches_and_passes(tiny, tmp_path, monkeypatch, stops_at_lengths_1_to_8,
+                                                              advantage, use_bias_correction_kl):
     """Two iterations of 3 groups of 4 (responses of 1 to 8 tokens, the EOS trick on some), two passes over two
     minibatches, beta 0.1, micro-batches of 3: what reaches each function, checked where a wrong wiring
-    differs; expected values worked out here from the recorded rollout, not by the script's helpers."""
+    differs; expected values worked out here from the recorded rollout, not by the script's helpers. With
+    RLOO's advantage and the corrected k3: the leave-one-out advantages, and the policy's ratio in the k3."""
     monkeypatch.setattr(grpo, "load_reward_fn", mod3_reward)
     record = Recorder(monkeypatch)
-    args = tiny_args(tiny, tmp_path, batch_size=12, num_generations=4, total_episodes=24, num_iterations=2,
+    args = tiny_args(tiny, tmp_path, batch_size=12, num_generations=4, total_episodes=24, update_epochs=2,
                      num_minibatches=2, gradient_accumulation_steps=2, beta=0.1, learning_rate=1e-2,
-                     stop_token=".", loss_type="dapo", min_response_length=3, reward_model="arithmetic")
+                     stop_token=".", loss_type="dapo", min_response_length=3, reward_model="arithmetic",
+                     advantage=advantage, use_bias_correction_kl=use_bias_correction_kl)
     stats = grpo.main(args)
     scalars = read_scalars(stats["run_dir"])
     assert len(record.rollouts) == 2
@@ -342,8 +437,9 @@ def test_main_glue_over_groups_lengths_minibatches_and_passes(tiny, tmp_path, mo
             group = scores[4 * g : 4 * g + 4]
             equal_groups += len(set(group)) == 1
             for k, s in enumerate(group):
-                advantages[4 * g + k] = 0.0 if len(set(group)) == 1 else (s - statistics.mean(group)) / (
-                    statistics.stdev(group) + 1e-4)
+                others = group[:k] + group[k + 1 :]  # RLOO: minus the mean of the other three, no std
+                advantages[4 * g + k] = 0.0 if len(set(group)) == 1 else (s - statistics.mean(others)) if (
+                    advantage == "rloo") else (s - statistics.mean(group)) / (statistics.stdev(group) + 1e-4)
         assert scalars["val/zero_advantage_groups"][it] == pytest.approx(equal_groups / 3)
         ref = plain_response_logprobs(reference, queries, responses, mask, pad_token_id, args.temperature)
         lengths = mask.sum(1).tolist()
@@ -351,10 +447,12 @@ def test_main_glue_over_groups_lengths_minibatches_and_passes(tiny, tmp_path, mo
         kls = record.kls[it * per_iteration : (it + 1) * per_iteration]
         aggregates = record.aggregates[2 * it * per_iteration : 2 * (it + 1) * per_iteration]
         seen = []
-        for j, ((new, old, adv, ratio), (_, ref_seen)) in enumerate(zip(calls, kls)):
+        for j, ((new, old, adv, ratio), (_, ref_seen, kl_ratio)) in enumerate(zip(calls, kls)):
             # match each micro-batch's rows to the rollout's by the stored log-probs (distinct floats)
             rows = rows_of(old, logprobs)
             seen += rows
+            # the corrected k3 is weighted by the same ratio as the surrogate; the plain one by none
+            assert kl_ratio is None if not use_bias_correction_kl else torch.equal(kl_ratio, ratio)
             assert adv.tolist() == pytest.approx([advantages[i] for i in rows], rel=1e-5, abs=1e-6)
             torch.testing.assert_close(ref_seen.masked_fill(~mask[rows], 0), ref[rows].masked_fill(~mask[rows], 0),
                                        atol=1e-5, rtol=0)
@@ -493,7 +591,7 @@ def test_learning_raises_the_score(tiny, tmp_path, monkeypatch):
                                                                       ("dr_grpo", "none", None)])
 def test_variants_run_on_the_llama_architecture(tiny, tmp_path, loss_type, scale_rewards, clip_coef_high):
     stats = grpo.main(tiny_args(tiny, tmp_path, model_name=tiny["llama"], loss_type=loss_type,
-                                scale_rewards=scale_rewards, clip_coef_high=clip_coef_high, num_iterations=2,
+                                scale_rewards=scale_rewards, clip_coef_high=clip_coef_high, update_epochs=2,
                                 reward_model="arithmetic"))
     scalars = read_scalars(stats["run_dir"])
     assert all(math.isfinite(v) for v in scalars["losses/policy_loss"])
