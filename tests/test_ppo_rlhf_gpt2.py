@@ -1566,3 +1566,203 @@ def test_eval_checkpoint_samples_with_the_settings_saved_with_the_policy(tiny, t
     (model_dir / "sampling.json").write_text("{not json")
     with pytest.raises(SystemExit, match="--eval-checkpoint .*: not a policy saved by --save-model"):
         rlhf.main(tiny_args(tiny, tmp_path / "bad", eval_checkpoint=str(model_dir)))
+
+
+# ------------------------------------- a direction, a passed flag, a schedule, a statistic's unit, old folders
+
+
+def record_rollouts(monkeypatch) -> list:
+    """Wrap sample_and_score: each call's (queries, responses, logprobs, response_mask) is appended."""
+    calls, real = [], rlhf.sample_and_score
+
+    def sample_and_score(policy, queries, *a, **kw):
+        out = real(policy, queries, *a, **kw)
+        calls.append((queries, out[0], out[1], out[2]))
+        return out
+
+    monkeypatch.setattr(rlhf, "sample_and_score", sample_and_score)
+    return calls
+
+
+def kl_to_reference_by_hand(policy, reference, queries, responses, response_mask, pad_token_id, temperature):
+    """Mean over the responses of the exact KL(pi || pi_ref) of the next-token distributions at the
+    temperature, summed over each response's real tokens: each unpadded query + response in a plain forward
+    pass of its own."""
+    total = 0.0
+    for query, response, mask in zip(queries, responses, response_mask):
+        ids = torch.cat([query[query != pad_token_id], response[mask]])[None]
+        n = int(mask.sum())
+        with torch.no_grad():
+            logp, logq = (torch.log_softmax(m(input_ids=ids).logits[0, -n - 1 : -1] / temperature, -1)
+                          for m in (policy, reference))
+        total += (logp.exp() * (logp - logq)).sum().item()
+    return total / len(queries)
+
+
+def test_with_every_score_0_an_update_moves_the_policy_toward_the_reference(tiny, tmp_path, monkeypatch):
+    """detail 32's direction: a reference that is not the initial policy (its weights perturbed), every score
+    0, no EOS trick: the only reward is the KL penalty, and one iteration's update must lower the exact KL of
+    the policy to the reference on the responses it sampled (a flipped sign raises it)."""
+    real_deepcopy = rlhf.copy.deepcopy
+
+    def deepcopy(model):
+        copied = real_deepcopy(model)
+        if hasattr(copied, "lm_head"):  # the reference (the value model's backbone is copied too)
+            generator = torch.Generator().manual_seed(5)
+            with torch.no_grad():
+                for p in copied.parameters():
+                    p.add_(0.05 * torch.randn(p.shape, generator=generator))
+            references.append(copied)
+        return copied
+
+    references, rollouts = [], record_rollouts(monkeypatch)
+    monkeypatch.setattr(rlhf, "copy", type("copy", (), {"deepcopy": staticmethod(deepcopy)}))
+    monkeypatch.setattr(rlhf, "load_reward_fn", lambda args, device: lambda texts, responses: torch.zeros(
+        len(texts), device=device))
+    args = tiny_args(tiny, tmp_path, batch_size=64, total_episodes=64, num_minibatches=1, update_epochs=2,
+                     response_length=4, learning_rate=1e-3, kl_coef=1.0, kl_target=None,
+                     normalize_scores=False, missing_eos_penalty=None,
+                     temperature=1.0, save_model=True)
+    stats = rlhf.main(args)
+    (reference,) = references
+    (queries, responses, _, response_mask), = rollouts
+    pad_token_id = rlhf.load_tokenizer(tiny["policy"], ".")[1]
+    before, after = (kl_to_reference_by_hand(rlhf.load_policy(path, torch.device("cpu")), reference, queries,
+                                             responses, response_mask, pad_token_id, 1.0)
+                     for path in (tiny["policy"], Path(stats["run_dir"]) / "model"))
+    # (measured on this seed: 0.21 before, 0.20 after; 0.22 after with the penalty's sign flipped)
+    assert before > 0.05  # the reference differs from the initial policy
+    assert after < 0.98 * before
+
+
+def test_each_flag_reaches_its_math_with_the_others_set_apart(tiny, tmp_path, monkeypatch):
+    """Every coefficient main() hands to the math set to its own value: the KL coefficient the rewards get in
+    each iteration is the adaptive one logged for it (not --kl-coef after the first), GAE gets --gamma and
+    --gae-lambda in their places, the losses get --clip-coef, and the value loss enters the loss times
+    --vf-coef (the gradient reaching v_loss; the policy loss's is 1: one micro-batch, one process)."""
+    seen = {"kl_coef": [], "gae": [], "clip": [], "v_grad": [], "pg_grad": []}
+    real = {name: getattr(rlhf, name) for name in ("compute_rewards", "compute_gae", "policy_loss", "value_loss")}
+
+    def compute_rewards(*a):
+        seen["kl_coef"].append(a[6])
+        return real["compute_rewards"](*a)
+
+    def compute_gae(rewards, values, response_mask, gamma, gae_lambda):
+        seen["gae"].append((gamma, gae_lambda))
+        return real["compute_gae"](rewards, values, response_mask, gamma, gae_lambda)
+
+    def policy_loss(*a):
+        pg_loss, ratio, logratio = real["policy_loss"](*a)
+        seen["clip"].append(a[4])
+        pg_loss.register_hook(lambda g: seen["pg_grad"].append(g.item()))
+        return pg_loss, ratio, logratio
+
+    def value_loss(*a):
+        v_loss = real["value_loss"](*a)
+        seen["clip"].append(a[4])
+        v_loss.register_hook(lambda g: seen["v_grad"].append(g.item()))
+        return v_loss
+
+    for name, f in (("compute_rewards", compute_rewards), ("compute_gae", compute_gae),
+                    ("policy_loss", policy_loss), ("value_loss", value_loss)):
+        monkeypatch.setattr(rlhf, name, f)
+    stats = rlhf.main(tiny_args(tiny, tmp_path, total_episodes=24, learning_rate=3e-3, kl_coef=0.2,
+                                kl_target=1e-6, kl_horizon=16, vf_coef=0.3, gamma=0.9, gae_lambda=0.8,
+                                clip_coef=0.25, update_epochs=1))
+    logged = read_scalars(stats["run_dir"])["objective/kl_coef"]
+    # iteration 1: KL 0, the coefficient falls by 1 - 0.2 * 8 / 16; then a tiny target: it rises by 1.1
+    assert logged == pytest.approx([0.2, 0.2 * 0.9, 0.2 * 0.9 * 1.1])
+    assert seen["kl_coef"] == pytest.approx(logged)
+    assert seen["gae"] == [(0.9, 0.8)] * 3
+    assert seen["clip"] == [0.25] * 12  # 3 iterations x 2 minibatches x (policy loss, value loss)
+    assert seen["v_grad"] == pytest.approx([0.3] * 6) and seen["pg_grad"] == pytest.approx([1.0] * 6)
+
+
+def test_learning_rate_at_every_iteration_and_minibatch_orders_that_differ_between_epochs(tiny, tmp_path,
+                                                                                         monkeypatch):
+    """detail 4: charts/learning_rate of iteration i is --learning-rate x (1 - (i - 1) / 3) over 3 iterations
+    (and --learning-rate throughout with --no-anneal-lr); detail 6: each epoch takes every response once, in
+    minibatches, in an order drawn again for each epoch (found from the rollout's log-probs each minibatch's
+    policy loss gets)."""
+    rollouts, orders, real_policy_loss = record_rollouts(monkeypatch), [], rlhf.policy_loss
+
+    def policy_loss(newlogprob, logprobs, *a):
+        _, _, rollout_logprobs, _ = rollouts[-1]
+        orders.append([next(i for i, row in enumerate(rollout_logprobs) if torch.equal(row, x)) for x in logprobs])
+        return real_policy_loss(newlogprob, logprobs, *a)
+
+    monkeypatch.setattr(rlhf, "policy_loss", policy_loss)
+    for anneal_lr in (True, False):
+        orders.clear()
+        stats = rlhf.main(tiny_args(tiny, tmp_path / str(anneal_lr), total_episodes=24, learning_rate=3e-3,
+                                    vf_learning_rate=7e-3, update_epochs=3, anneal_lr=anneal_lr))
+        expected = [3e-3, 2e-3, 1e-3] if anneal_lr else [3e-3] * 3
+        assert read_scalars(stats["run_dir"])["charts/learning_rate"] == pytest.approx(expected)
+        assert len(orders) == 3 * 3 * 2  # iterations x epochs x minibatches of 4
+        epochs = [orders[k] + orders[k + 1] for k in range(0, len(orders), 2)]
+        for iteration in range(3):
+            this = epochs[3 * iteration : 3 * iteration + 3]
+            assert all(sorted(order) == list(range(8)) for order in this)
+            assert this[0] != this[1] and this[1] != this[2] and this[0] != this[2]
+
+
+def test_held_out_accuracy_and_its_standard_error_are_over_problems(tiny, monkeypatch):
+    """Made-up verifier scores on 4 problems asked 3, 3, 2 and 2 times (10 responses): problem 0 always
+    right, 1 never, 2 right once of twice, 3 never. Over problems: shares 1, 0, 1/2, 0, accuracy 0.375 and
+    its standard error over the 4; over responses it would be 4 / 10, and counting a problem right when any
+    response is, 0.5. The mean raw score is over problems too: (1 - 1 + 0 - 1) / 4."""
+    problems = [f"What is {a} + 1? The answer is" for a in range(4)]
+    right = {problems[0]: [True] * 3, problems[1]: [False] * 3, problems[2]: [True, False],
+             problems[3]: [False, False]}
+    asked = {p: 0 for p in problems}
+
+    def sample_and_score(policy, queries, tokenizer, stop_token_id, reward_fn, args, greedy=False):
+        scores = []
+        for prompt in queries:  # tokenize_queries below passes the prompts through
+            scores.append(1.0 if right[prompt][asked[prompt]] else -1.0)
+            asked[prompt] += 1
+        n = len(queries)
+        return (torch.zeros(n, 2, dtype=torch.long), None, None, torch.ones(n, dtype=torch.bool),
+                torch.tensor(scores))
+
+    monkeypatch.setattr(rlhf, "tokenize_queries", lambda tokenizer, prompts, *a: prompts)
+    monkeypatch.setattr(rlhf, "sample_and_score", sample_and_score)
+    args = rlhf.Args(reward_model="arithmetic", eval_episodes=10, cuda=False)
+    args.local_batch_size = 4
+    tokenizer = rlhf.load_tokenizer(tiny["policy"], ".")[0]
+    result = rlhf.evaluate(None, problems, tokenizer, 0, None, args, torch.device("cpu"))
+    assert asked == {problems[0]: 3, problems[1]: 3, problems[2]: 2, problems[3]: 2}
+    shares = [1.0, 0.0, 0.5, 0.0]
+    assert result["prompts"] == 4
+    assert result["accuracy"] == pytest.approx(0.375)
+    assert result["accuracy_stderr"] == pytest.approx(statistics.stdev(shares) / 2)
+    assert result["raw_score_mean"] == pytest.approx(-0.25)
+    assert result["raw_score_stderr"] == pytest.approx(statistics.stdev([1.0, -1.0, 0.0, -1.0]) / 2)
+
+
+@pytest.mark.parametrize("saved_before", ["reward_end_token", "reward_readout"])
+def test_a_reward_model_folder_saved_before_a_config_key_existed_is_read_as_it_was_written(tiny, tmp_path,
+                                                                                          saved_before):
+    """A reward_model_gpt2.py folder from before config.reward_end_token existed has neither key: it was read
+    with transformers' own readout, the score at the text's last token, nothing appended. One from before
+    config.reward_readout existed names its end token only: the score at that token, not the mean. Texts of
+    different lengths padded together; each score checked against the text alone, by hand."""
+    config = {"reward_bias": 0.5} if saved_before == "reward_end_token" else {"reward_bias": 0.5,
+                                                                              "reward_end_token": EOS}
+    tokenizer, model = tiny_reward_folder(tiny, tmp_path / "rm", 6, **config)
+    queries = ["This movie was", "The acting in this one is bad, and the plot"]
+    responses = [" great.", " of this movie is worse, much worse."]
+    texts = [q + r for q, r in zip(queries, responses)]
+    reward_fn = rlhf.load_reward_fn(rlhf.Args(reward_model=str(tmp_path / "rm")), torch.device("cpu"))
+    scores = reward_fn(texts, responses)
+    for query, text, score in zip(queries, texts, scores.tolist()):
+        ids = tokenizer(text)["input_ids"]
+        with_end = ids + [tokenizer.eos_token_id]
+        with torch.no_grad():
+            hidden = model.transformer(input_ids=torch.tensor([with_end])).last_hidden_state[0]
+            at_last = model.score(model.transformer(input_ids=torch.tensor([ids])).last_hidden_state[0, -1])
+            at_end = model.score(hidden[-1])
+            mean = model.score(hidden[len(tokenizer(query)["input_ids"]) :].mean(0))
+        written, others = (at_last, [at_end, mean]) if saved_before == "reward_end_token" else (at_end, [mean])
+        assert score == pytest.approx(written.item() + 0.5, abs=1e-5)
+        assert all(abs(score - other.item() - 0.5) > 1e-4 for other in others)
