@@ -358,6 +358,7 @@ def logps_in_chunks(model, tokenizer, comparisons: list[dict], args: Args, devic
                       for i in range(0, len(comparisons), chunk)], dim=1)
 
 
+@torch.no_grad()
 def evaluate(policy, tokenizer, comparisons: list[dict], ref_logps: torch.Tensor, args: Args, device) -> dict:
     """The held-out comparisons: the implicit reward's accuracy with its standard error over prompts (detail
     43), the loss, and each comparison's margin beta * (chosen_logratios - rejected_logratios)."""

@@ -1,0 +1,428 @@
+"""Tests of dpo_gpt2.py, offline, on the tiny GPT-2 (and Llama) of tests/conftest.py. Expected values are worked
+out by hand or come from plain transformers, one text at a time without padding, never from the function under
+test."""
+
+import ast
+import dataclasses
+import json
+import math
+import os
+import statistics
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from tyro._docstrings import get_field_docstring
+
+import dpo_gpt2 as dpo
+import ppo_rlhf_gpt2 as rlhf
+import reward_model_gpt2 as rm
+
+CPU = torch.device("cpu")
+CHOSEN = [" great. I loved it.", " the best film of the year.", " a joy to watch."]
+REJECTED = [" awful. A bad movie.", " terrible acting and a bad plot.", " boring."]
+
+
+def comparisons_of(prompts, per_prompt=2, gold=True) -> list[dict]:
+    """per_prompt comparisons for each prompt, a positive response chosen over a negative one."""
+    rows = []
+    for p in prompts:
+        for k in range(per_prompt):
+            row = {"prompt": p, "chosen": CHOSEN[k % 3], "rejected": REJECTED[k % 3]}
+            if gold:
+                row.update(gold_chosen=0.5 + 0.1 * k, gold_rejected=-0.5)
+            rows.append(row)
+    return rows
+
+
+def write_lines(path, rows) -> str:
+    Path(path).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def tiny_args(tiny, tmp_path, **overrides) -> dpo.Args:
+    preferences = overrides.pop("preferences", None) or write_lines(tmp_path / "preferences.jsonl",
+                                                                     comparisons_of(rlhf.PROMPTS[:12]))
+    defaults = dict(model_name=tiny["policy"], preferences=preferences, runs_dir=str(tmp_path / "runs"),
+                    cuda=False, eval_fraction=0.25, batch_size=4, gradient_accumulation_steps=2,
+                    forward_batch_size=6, learning_rate=1e-3, eval_episodes=0, response_length=8,
+                    min_response_length=0)
+    defaults.update(overrides)
+    return dpo.Args(**defaults)
+
+
+def read_scalars(run_dir) -> dict:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(run_dir, size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+# ---------------------------------------------------------------------------------------------- the math
+
+
+def test_sigmoid_loss_and_rewards_by_hand():
+    # chosen_logratios = (-3 + 3.5, -5 + 4) = (0.5, -1), rejected_logratios = (-4 + 3, -2 + 3) = (-1, 1),
+    # margins = (1.5, -2); beta 0.5: beta * margins = (0.75, -1)
+    args = [torch.tensor(v) for v in ([-3.0, -5.0], [-4.0, -2.0], [-3.5, -4.0], [-3.0, -3.0])]
+    loss, chosen_rewards, rejected_rewards = dpo.dpo_loss(*args, beta=0.5, loss_type="sigmoid")
+    # -log sigma(x) = log(1 + exp(-x)): log(1 + e^-0.75) = 0.386871, log(1 + e^1) = 1.313262
+    assert loss.item() == pytest.approx((0.386871 + 1.313262) / 2, abs=1e-5)
+    assert chosen_rewards.tolist() == pytest.approx([0.25, -0.5])
+    assert rejected_rewards.tolist() == pytest.approx([-0.5, 0.5])
+    # conservative DPO, label smoothing 0.2: 0.8 (-log sigma(x)) + 0.2 (-log sigma(-x)) for each pair
+    loss, _, _ = dpo.dpo_loss(*args, beta=0.5, loss_type="sigmoid", label_smoothing=0.2)
+    by_hand = [0.8 * 0.386871 + 0.2 * 1.136871, 0.8 * 1.313262 + 0.2 * 0.313262]  # log(1+e^.75), log(1+e^-1)
+    assert loss.item() == pytest.approx(sum(by_hand) / 2, abs=1e-5)
+    # the gradient pushes the chosen log-prob up and the rejected one down
+    chosen = args[0].clone().requires_grad_()
+    rejected = args[1].clone().requires_grad_()
+    dpo.dpo_loss(chosen, rejected, args[2], args[3], beta=0.5, loss_type="sigmoid")[0].backward()
+    assert (chosen.grad < 0).all() and (rejected.grad > 0).all()
+
+
+def test_ipo_loss_by_hand_on_per_token_means():
+    args = [torch.tensor(v) for v in ([-3.0, -5.0], [-4.0, -2.0], [-3.5, -4.0], [-3.0, -3.0])]
+    # logratios (0.5, -1) over 2 and 4 tokens: (0.25, -0.25); (-1, 1) over 5 and 1 tokens: (-0.2, 1);
+    # margins (0.45, -1.25); beta 0.5: target 1 / (2 * 0.5) = 1; losses 0.55^2 = 0.3025, 2.25^2 = 5.0625
+    loss, chosen_rewards, _ = dpo.dpo_loss(*args, beta=0.5, loss_type="ipo",
+                                           chosen_lengths=torch.tensor([2, 4]),
+                                           rejected_lengths=torch.tensor([5, 1]))
+    assert loss.item() == pytest.approx((0.3025 + 5.0625) / 2)
+    assert chosen_rewards.tolist() == pytest.approx([0.25, -0.5])  # the implicit reward: summed log-ratios
+    # at the target margin the loss is 0, and past it positive again (IPO does not push margins to infinity)
+    at_target = dpo.dpo_loss(torch.tensor([1.0]), torch.tensor([0.0]), torch.tensor([0.0]), torch.tensor([0.0]),
+                             beta=0.5, loss_type="ipo", chosen_lengths=torch.tensor([1]),
+                             rejected_lengths=torch.tensor([1]))[0]
+    assert at_target.item() == 0.0
+
+
+def test_accuracy_counts_ties_as_half():
+    correct = dpo.comparison_correct(torch.tensor([1.0, 0.0, 2.0, -1.0, 0.3]),
+                                     torch.tensor([0.0, 0.0, 3.0, -1.0, 0.2]))
+    assert correct.tolist() == [1.0, 0.5, 0.0, 0.5, 1.0]
+
+
+def test_standard_error_over_prompts_by_hand():
+    values = torch.tensor([1.0, 0.0, 1.0, 1.0])
+    # mean 0.75; per-prompt sums of deviations: a: 0.25 - 0.75 = -0.5, b: 0.25, c: 0.25; squares sum 0.375;
+    # sqrt(3 / 2 * 0.375) / 4 = 0.75 / 4
+    assert dpo.prompt_stderr(values, ["a", "a", "b", "c"]) == pytest.approx(0.1875)
+    # one comparison per prompt: the usual standard error of a mean
+    values = [1.0, 0.0, 0.5, 1.0, 0.0]
+    assert dpo.prompt_stderr(torch.tensor(values), list("abcde")) == pytest.approx(
+        statistics.stdev(values) / math.sqrt(5))
+    assert dpo.prompt_stderr(torch.tensor([1.0, 0.0]), ["a", "a"]) == 0.0  # one prompt: no spread to measure
+
+
+def test_split_is_reward_model_gpt2_s():
+    prompts = [p for p in rlhf.PROMPTS for _ in range(3)][:150]
+    for fraction in (0.1, 0.25, 0.5):
+        for seed in (1, 2, 7):
+            assert dpo.split_comparisons(prompts, fraction, seed) == rm.split_comparisons(prompts, fraction, seed)
+    train, held_out = dpo.split_comparisons(prompts, 0.25, 1)
+    assert not {prompts[i] for i in train} & {prompts[i] for i in held_out}
+
+
+# ---------------------------------------------------------------------------------------------- log-probs
+
+
+def logps_by_hand(model, tokenizer, prompt: str, response: str, temperature: float, end: str = ""):
+    """The text alone, without padding: the response's tokens are the full text's tokens after the longest
+    prefix they share with the prompt's tokens; their log pi, summed. Returns (sum, number of tokens)."""
+    full = tokenizer(prompt + response + end)["input_ids"]
+    prompt_ids = tokenizer(prompt)["input_ids"]
+    shared = 0
+    while shared < min(len(full), len(prompt_ids)) and full[shared] == prompt_ids[shared]:
+        shared += 1
+    with torch.no_grad():
+        logits = model(torch.tensor([full])).logits[0] / temperature
+    logps = logits.log_softmax(-1)
+    return sum(logps[i - 1, full[i]].item() for i in range(max(shared, 1), len(full))), len(full) - max(shared, 1)
+
+
+@pytest.mark.parametrize("name", ["policy", "llama"])
+@pytest.mark.parametrize("append_eos", [False, True])
+def test_summed_logps_cover_exactly_the_response_tokens_whatever_the_padding(tiny, name, append_eos):
+    tokenizer, _ = dpo.load_tokenizer(tiny[name], ".")
+    model = dpo.load_policy(tiny[name], CPU)
+    args = dpo.Args(temperature=0.7, append_eos=append_eos, max_length=128)
+    comparisons = [
+        {"prompt": "This movie was", "chosen": " great. I loved it.", "rejected": " bad."},
+        # the boundary falls inside a word: "wa" + "s" is tokenized as "was", which is the response's
+        {"prompt": "This movie wa", "chosen": "s great.", "rejected": "s awful, a bad movie and a bad plot."},
+        {"prompt": "The acting in this one is", "chosen": "n't bad", "rejected": " the best of the year"},
+    ]
+    merged = tokenizer("This movie wa")["input_ids"]
+    assert tokenizer("This movie was great.")["input_ids"][: len(merged)] != merged  # the case is exercised
+    end = tokenizer.eos_token if append_eos else ""
+    expected = [logps_by_hand(model, tokenizer, c["prompt"], c[key], 0.7, end)
+                for key in ("chosen", "rejected") for c in comparisons]
+    for side in ("left", "right"):
+        tokenizer.padding_side = side
+        chosen, rejected, chosen_lengths, rejected_lengths = dpo.response_logps(model, tokenizer, comparisons,
+                                                                                args, CPU)
+        assert torch.cat([chosen, rejected]).tolist() == pytest.approx([e[0] for e in expected], abs=1e-4)
+        assert torch.cat([chosen_lengths, rejected_lengths]).tolist() == [e[1] for e in expected]
+    # the appended EOS is one more scored token of every response
+    no_eos = [logps_by_hand(model, tokenizer, c["prompt"], c[key], 0.7) for key in ("chosen", "rejected")
+              for c in comparisons]
+    assert [e[1] for e in expected] == [n[1] + append_eos for n in no_eos]
+
+
+def test_logps_in_chunks_are_those_of_one_pass(tiny):
+    tokenizer, _ = dpo.load_tokenizer(tiny["policy"], ".")
+    model = dpo.load_policy(tiny["policy"], CPU)
+    comparisons = comparisons_of(rlhf.PROMPTS[:5], per_prompt=1)
+    whole = dpo.response_logps(model, tokenizer, comparisons, dpo.Args(), CPU)
+    chunked = dpo.logps_in_chunks(model, tokenizer, comparisons, dpo.Args(forward_batch_size=4), CPU)
+    assert chunked.shape == (4, 5)
+    for row, value in zip(chunked, whole):
+        assert row.tolist() == pytest.approx(value.float().tolist(), abs=1e-5)
+
+
+@pytest.mark.parametrize("loss_type", ["sigmoid", "ipo"])
+def test_one_step_raises_the_chosen_log_ratio_against_the_rejected_one(tiny, loss_type):
+    tokenizer, _ = dpo.load_tokenizer(tiny["policy"], ".")
+    policy = dpo.load_policy(tiny["policy"], CPU)
+    args = dpo.Args(loss_type=loss_type)
+    batch = comparisons_of(rlhf.PROMPTS[:4], per_prompt=2)
+    ref = dpo.logps_in_chunks(policy, tokenizer, batch, args, CPU)
+    chosen, rejected, chosen_lengths, rejected_lengths = dpo.response_logps(policy, tokenizer, batch, args, CPU)
+    loss, chosen_rewards, rejected_rewards = dpo.dpo_loss(chosen, rejected, ref[0], ref[1], 0.1, loss_type, 0.0,
+                                                          chosen_lengths, rejected_lengths)
+    assert (chosen_rewards - rejected_rewards).abs().max() < 1e-4  # the policy is the reference
+    loss.backward()
+    torch.optim.SGD(policy.parameters(), lr=0.05).step()
+    after = dpo.logps_in_chunks(policy, tokenizer, batch, args, CPU)
+    margins = (after[0] - ref[0]) - (after[1] - ref[1])
+    assert margins.mean() > 0.01
+
+
+# ---------------------------------------------------------------------------------------------- main
+
+
+def test_main_logs_trl_s_names_and_scores_the_split_of_reward_model_gpt2(tiny, tmp_path):
+    args = tiny_args(tiny, tmp_path, num_epochs=2, eval_every=2, eval_episodes=5, gold="length")
+    result = dpo.main(args)
+    scalars = read_scalars(result["run_dir"])
+    num_steps = 2 * (18 // 4)  # 12 prompts, 3 held out: 18 training comparisons
+    assert result["steps"] == num_steps
+    for tag in ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies", "logps/chosen",
+                "logps/rejected", "losses/dpo_loss", "charts/learning_rate"):
+        assert [s for s, _ in scalars[tag]] == list(range(1, num_steps + 1)), tag
+    for (_, c), (_, r), (_, m) in zip(scalars["rewards/chosen"], scalars["rewards/rejected"],
+                                      scalars["rewards/margins"]):
+        assert m == pytest.approx(c - r, abs=1e-5)
+    assert [v for _, v in scalars["charts/learning_rate"]] == pytest.approx(
+        [1e-3 * (1 - (s - 1) / num_steps) for s in range(1, num_steps + 1)])
+    assert scalars["logps/chosen"][0][1] < 0 and scalars["logps/rejected"][0][1] < 0
+    # held out: before training the policy is the reference: every margin 0 (ties: 1/2), the KL exactly 0
+    assert [s for s, _ in scalars["eval/accuracy"]] == [0, 2, 4, 6, 8]
+    assert scalars["eval/accuracy"][0][1] == 0.5 and scalars["eval/kl"][0][1] == 0.0
+    assert scalars["eval/dpo_loss"][0][1] == pytest.approx(math.log(2))
+    assert [s for s, _ in scalars["eval/gold_accuracy"]] == [0, 2, 4, 6, 8]
+    assert {s for s, _ in scalars["eval/gold_scores"]} == {0, 2, 4, 6, 8}
+    assert scalars["losses/dpo_loss"][-1][1] < scalars["losses/dpo_loss"][0][1]
+    # the held-out comparisons are reward_model_gpt2.py's, and their margins give the accuracy
+    comparisons = [json.loads(line) for line in Path(args.preferences).read_text().splitlines()]
+    _, held_out = rm.split_comparisons([c["prompt"] for c in comparisons], 0.25, 1)
+    scores = [json.loads(line) for line in Path(result["held_out_scores"]).read_text().splitlines()]
+    assert [s["index"] for s in scores] == held_out
+    margins = [s["margin"] for s in scores]
+    assert result["eval_accuracy"] == pytest.approx(
+        sum((m > 0) + 0.5 * (m == 0) for m in margins) / len(margins))
+    assert result["eval_accuracy"] > 0.5
+    assert result["gold_accuracy"] == 1.0
+    assert math.isfinite(result["eval_kl_mean"]) and result["eval_kl_stderr"] >= 0
+    assert result["eval_gold_scores_mean"] > 0  # length: every response has characters
+
+
+def test_the_reference_is_computed_once_and_training_does_not_change_it(tiny, tmp_path, monkeypatch):
+    """The reference log-probs the loss receives at every step are those of the initial model, computed one
+    text at a time by hand, also after the policy moved; and no second model is loaded (--eval-episodes 0)."""
+    seen, real_response_logps, real_loss = [], dpo.response_logps, dpo.dpo_loss
+    loads, real_load = [], dpo.load_policy
+
+    def response_logps(model, tokenizer, comparisons, *a):
+        if torch.is_grad_enabled():  # training: remember which comparisons the next loss is about
+            seen.append({"comparisons": comparisons})
+        return real_response_logps(model, tokenizer, comparisons, *a)
+
+    def dpo_loss(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps, *a):
+        if torch.is_grad_enabled():
+            seen[-1].update(ref=(ref_chosen_logps.tolist(), ref_rejected_logps.tolist()),
+                            now=(chosen_logps.tolist(), rejected_logps.tolist()))
+        return real_loss(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps, *a)
+
+    monkeypatch.setattr(dpo, "response_logps", response_logps)
+    monkeypatch.setattr(dpo, "dpo_loss", dpo_loss)
+    monkeypatch.setattr(dpo, "load_policy", lambda *a: loads.append(a) or real_load(*a))
+    dpo.main(tiny_args(tiny, tmp_path, num_epochs=2))
+    assert len(loads) == 1 and len(seen) == 2 * 4 * 2  # 2 epochs of 4 steps of 2 micro-batches
+    model = AutoModelForCausalLM.from_pretrained(tiny["policy"]).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tiny["policy"])
+    for call in seen:
+        for key, ref in zip(("chosen", "rejected"), call["ref"]):
+            by_hand = [logps_by_hand(model, tokenizer, c["prompt"], c[key], 0.7)[0] for c in call["comparisons"]]
+            assert ref == pytest.approx(by_hand, abs=1e-4)
+    assert seen[-1]["now"][0] != pytest.approx(seen[-1]["ref"][0], abs=1e-3)  # the policy has moved
+
+
+def test_kl_and_gold_of_the_held_out_samples_by_hand(tiny, monkeypatch):
+    """evaluate_samples: the responses it samples (caught here) scored one at a time without padding: the
+    gold (`length`) and the k1 KL summed over each response's real tokens (up to its stop token), both
+    averaged per prompt, then over prompts."""
+    tokenizer, stop_id = dpo.load_tokenizer(tiny["policy"], ".")
+    policy = dpo.load_policy(tiny["policy"], CPU)
+    reference = dpo.load_policy(tiny["llama"], CPU)  # another model, so that the KL is not 0
+    args = dpo.Args(response_length=6, min_response_length=0, eval_episodes=5, forward_batch_size=4)
+    caught, real_generate = [], dpo.generate
+
+    def generate(model, queries, *a):
+        responses = real_generate(model, queries, *a)
+        responses[0, 1] = stop_id  # one response that stops early
+        caught.append((queries, responses))
+        return responses
+
+    monkeypatch.setattr(dpo, "generate", generate)
+    prompts = ["This movie was", "The acting in this one is"]
+    gold_fn = lambda texts, responses: torch.tensor([len(r) / 6 for r in responses])  # noqa: E731
+    result = dpo.evaluate_samples(policy, reference, prompts, tokenizer, stop_id, gold_fn, args, CPU)
+    kls, golds = [], []
+    for queries, responses in caught:
+        for query, response in zip(queries.tolist(), responses.tolist()):
+            query = [t for t in query if t != tokenizer.pad_token_id]
+            end = response.index(stop_id) + 1 if stop_id in response else len(response)
+            ids = torch.tensor([query + response[:end]])
+            with torch.no_grad():
+                logps = [(m(ids).logits[0] / 0.7).log_softmax(-1) for m in (policy, reference)]
+            kls.append(sum(logps[0][i - 1, ids[0, i]] - logps[1][i - 1, ids[0, i]]
+                           for i in range(len(query), ids.shape[1])).item())
+            golds.append(len(tokenizer.decode(response[:end])) / 6)
+    assert caught[0][1][0, 1] == stop_id and len(kls) == 5
+    # prompts cycle: 0, 1, 0, 1, 0 -> prompt 0 has three responses, prompt 1 two; the mean of the two means
+    for values, key in ((kls, "kl"), (golds, "gold_scores")):
+        means = [statistics.mean(values[0::2]), statistics.mean(values[1::2])]
+        assert result[f"{key}_mean"] == pytest.approx(statistics.mean(means), abs=1e-4)
+        assert result[f"{key}_stderr"] == pytest.approx(statistics.stdev(means) / math.sqrt(2), abs=1e-4)
+    same = dpo.evaluate_samples(policy, policy, prompts, tokenizer, stop_id, None, args, CPU)
+    assert same["kl_mean"] == 0.0 and "gold_scores_mean" not in same
+
+
+def test_saved_policy_loads_in_transformers_and_ppo_rlhf_gpt2_scores_it(tiny, tmp_path):
+    result = dpo.main(tiny_args(tiny, tmp_path, save_model=True, temperature=0.9, response_length=6))
+    path = result["model_path"]
+    saved = AutoModelForCausalLM.from_pretrained(path)
+    initial = AutoModelForCausalLM.from_pretrained(tiny["policy"])
+    assert any(not torch.equal(p, q) for p, q in zip(saved.parameters(), initial.parameters()))
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    assert tokenizer.padding_side == "left" and tokenizer.pad_token_id < saved.config.vocab_size
+    sampling = json.loads(Path(path, "sampling.json").read_text())
+    assert sampling == {"temperature": 0.9, "response_length": 6, "min_response_length": 0, "stop_token": ".",
+                        "max_query_length": 32}
+    evaluated = rlhf.main(rlhf.Args(eval_checkpoint=path, reward_model="length", eval_episodes=4, cuda=False))
+    final = evaluated["eval"]["final"]
+    assert len(final["raw_scores"]) == 4 and math.isfinite(final["raw_score_mean"])
+    assert all(len(response) <= 6 * 20 for _, response in final["samples"])
+
+
+# ---------------------------------------------------------------------------------------------- bad input
+
+
+BAD_FILES = {
+    "empty_line": ('{"prompt": "a", "chosen": " b", "rejected": " c"}\n\n', "line 2 is empty"),
+    "not_json": ('{"prompt": "a", "chosen": " b", "rejected": " c"}\n{"prompt": "a",\n', "line 2 is not JSON"),
+    "missing": ('{"prompt": "a", "chosen": " b"}\n', "line 1 lacks the text field\\(s\\) rejected"),
+    "same": ('{"prompt": "a", "chosen": " b", "rejected": " b"}\n', "line 1: chosen and rejected are the same"),
+    "no_lines": ("", "contains no comparisons"),
+    "too_few": ("".join(f'{{"prompt": "{p}", "chosen": " b", "rejected": " c"}}\n' for p in "abcd"),
+                "--batch-size 4 is larger than the 3 training comparisons"),  # 1 of 4 prompts held out
+}
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(beta=0.0), "--beta must be positive"),
+    (dict(beta=-0.1), "--beta must be positive"),
+    (dict(label_smoothing=0.5), "--label-smoothing must be in \\[0, 0.5\\)"),
+    (dict(label_smoothing=-0.1), "--label-smoothing must be in \\[0, 0.5\\)"),
+    (dict(loss_type="ipo", label_smoothing=0.1), "--label-smoothing 0.1: it applies to --loss-type sigmoid"),
+    (dict(loss_type="hinge"), "--loss-type must be `sigmoid` or `ipo`"),
+    (dict(batch_size=20, gradient_accumulation_steps=1), "--batch-size 20 is larger than the 18 training"),
+    (dict(batch_size=4, gradient_accumulation_steps=3), "--batch-size 4 is not divisible by"),
+    (dict(model_name="./no/such/model"), "--model-name ./no/such/model: no such directory"),
+    (dict(preferences="/no/such/file.jsonl"), "--preferences /no/such/file.jsonl: no such file"),
+    (dict(learning_rate=float("nan")), "--learning-rate"),
+    (dict(gold="sentiment"), "--gold sentiment: not `vader`, `length`"),
+    (dict(eval_fraction=1.0), "--eval-fraction"),
+    *[(dict(preferences=name), message) for name, (_, message) in BAD_FILES.items()],
+])
+def test_bad_input_fails_in_one_line_before_any_model_loads(tiny, tmp_path, monkeypatch, overrides, message):
+    for name, (text, _) in BAD_FILES.items():
+        (tmp_path / name).write_text(text)
+    if overrides.get("preferences") in BAD_FILES:
+        overrides["preferences"] = str(tmp_path / overrides["preferences"])
+
+    def no_loading(*a, **kw):
+        raise AssertionError("a model or tokenizer was loaded before the error")
+
+    monkeypatch.setattr(dpo, "from_pretrained", no_loading)
+    with pytest.raises(SystemExit, match=f"^error: .*{message}") as error:
+        dpo.main(tiny_args(tiny, tmp_path, **overrides))
+    assert "\n" not in str(error.value)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_no_preference_file_and_unloadable_models_name_the_flag(tiny, tmp_path):
+    args = tiny_args(tiny, tmp_path)
+    args.preferences = None
+    with pytest.raises(SystemExit, match="^error: --preferences: pass a JSONL file"):
+        dpo.main(args)
+    with pytest.raises(SystemExit, match="--model-name 'no-such-org/no-such-model'.*local directory"):
+        dpo.main(tiny_args(tiny, tmp_path, model_name="no-such-org/no-such-model"))
+
+
+# ---------------------------------------------------------------------------------------------- Ctrl-C
+
+
+def test_ctrl_c_closes_the_logs_and_keeps_the_saved_policy(tiny, tmp_path, monkeypatch):
+    real_loss, calls = dpo.dpo_loss, 0
+
+    def dpo_loss(*a, **kw):
+        nonlocal calls
+        calls += 1
+        if calls == 4:  # 1: the step-0 evaluation, 2-3: step 1's micro-batches, 4: step 2's first
+            raise KeyboardInterrupt
+        return real_loss(*a, **kw)
+
+    monkeypatch.setattr(dpo, "dpo_loss", dpo_loss)
+    try:
+        result = dpo.main(tiny_args(tiny, tmp_path, save_model=True))
+    except KeyboardInterrupt:
+        pytest.fail("a Ctrl-C during training escaped main() instead of ending the run cleanly")
+    assert result["steps"] == 2 and "eval_accuracy" not in result
+    scalars = read_scalars(result["run_dir"])
+    assert [s for s, _ in scalars["losses/dpo_loss"]] == [1]  # the closed file holds step 1
+    assert [s for s, _ in scalars["eval/accuracy"]] == [0]
+    AutoModelForCausalLM.from_pretrained(result["model_path"])
+
+
+# ---------------------------------------------------------------------------------------------- reading
+
+
+def test_house_style():
+    source = Path(dpo.__file__).read_text()
+    lines = source.splitlines()
+    assert max(len(line) for line in lines) <= 110
+    assert len(ast.get_docstring(ast.parse(source), clean=False).splitlines()) <= 60
+    plumbing = [i for i, line in enumerate(lines) if line.startswith("# Plumbing")]
+    assert len(plumbing) == 1 and lines.index("def main(args: Args) -> dict:") < plumbing[0] <= 400
+    missing = [f.name for f in dataclasses.fields(dpo.Args) if not get_field_docstring(dpo.Args, f.name, ())]
+    assert not missing
+    imported = {alias.name.split(".")[0] for node in ast.walk(ast.parse(source))
+                if isinstance(node, (ast.Import, ast.ImportFrom))
+                for alias in (node.names if isinstance(node, ast.Import) else [ast.alias(node.module or "")])}
+    project = {p[:-3] for p in os.listdir(Path(dpo.__file__).parent) if p.endswith(".py")}
+    assert not imported & project  # it shares no code with the other files
