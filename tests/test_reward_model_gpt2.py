@@ -926,3 +926,72 @@ def test_house_style():
     assert len(plumbing) == 1 and source.splitlines().index("def main(args: Args) -> dict:") < plumbing[0]
     missing = [f.name for f in dataclasses.fields(rm.Args) if not get_field_docstring(rm.Args, f.name, ())]
     assert not missing
+
+
+# ------------------------------------------------------------- a passed flag, a schedule, old saved folders
+
+
+def test_without_annealing_each_group_keeps_its_own_learning_rate(tiny, tmp_path):
+    """--no-anneal-lr: charts/learning_rate is --learning-rate and charts/head_learning_rate
+    --head-learning-rate at every step (the head's group must not take the backbone's rate)."""
+    result = rm.main(tiny_args(tiny, tmp_path, anneal_lr=False, learning_rate=1e-4, head_learning_rate=3e-2,
+                               num_epochs=2, eval_every=0))
+    scalars = read_scalars(result["run_dir"])
+    steps = result["steps"]
+    assert steps >= 4
+    assert scalars["charts/learning_rate"] == [(s, pytest.approx(1e-4)) for s in range(1, steps + 1)]
+    assert scalars["charts/head_learning_rate"] == [(s, pytest.approx(3e-2)) for s in range(1, steps + 1)]
+
+
+def test_the_labeler_s_noise_is_gold_beta(tiny, monkeypatch):
+    """--gold-beta, not another float flag such as --temperature, is the beta the labels are drawn with."""
+    betas, real = [], rm.bradley_terry_labels
+
+    def bradley_terry_labels(gold_a, gold_b, beta, generator):
+        betas.append(beta)
+        return real(gold_a, gold_b, beta, generator)
+
+    monkeypatch.setattr(rm, "bradley_terry_labels", bradley_terry_labels)
+    tokenizer, stop_token_id = rm.load_tokenizer(tiny["policy"], ".")
+    args = rm.Args(model_name=tiny["policy"], num_comparisons=4, forward_batch_size=4, response_length=4,
+                   min_response_length=0, gold_beta=0.37, temperature=0.9, max_length=60)
+    rm.sample_comparisons(rm.load_policy(tiny["policy"], CPU), ["This movie was"], tokenizer, stop_token_id,
+                          lambda texts, responses: torch.tensor([float(len(r)) for r in responses]), args, CPU)
+    assert betas and set(betas) == {0.37}
+
+
+@pytest.mark.parametrize("saved_before", ["reward_end_token", "reward_readout"])
+def test_a_gold_folder_saved_before_a_config_key_existed_is_read_as_it_was_written(tiny, tmp_path,
+                                                                                  saved_before):
+    """--gold FOLDER written before config.reward_end_token existed (neither key): labeled with
+    transformers' own readout, the score at the text's last token with nothing appended; written before
+    config.reward_readout existed (its end token only): the score at that end token, not the mean. By
+    hand, each text alone."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny["policy"])
+    tokenizer.pad_token, tokenizer.padding_side = EOS, "right"
+    torch.manual_seed(7)
+    model = GPT2ForSequenceClassification(GPT2Config(vocab_size=len(tokenizer), n_positions=128, n_embd=32,
+                                                     n_layer=1, n_head=2, num_labels=1,
+                                                     pad_token_id=tokenizer.pad_token_id)).eval()
+    model.config.reward_bias = 0.5
+    if saved_before == "reward_readout":
+        model.config.reward_end_token = EOS
+    model.save_pretrained(tmp_path / "gold")
+    tokenizer.save_pretrained(tmp_path / "gold")
+    result = rm.main(tiny_args(tiny, tmp_path, gold=str(tmp_path / "gold"), num_comparisons=16))
+    checked = 0
+    for c in read_lines(result["preferences"]):
+        for key in ("chosen", "rejected"):
+            ids = tokenizer(c["prompt"] + c[key])["input_ids"]
+            with torch.no_grad():
+                at_last = model.score(model.transformer(input_ids=torch.tensor([ids])).last_hidden_state[0, -1])
+                hidden = model.transformer(input_ids=torch.tensor([ids + [tokenizer.eos_token_id]]))
+                at_end = model.score(hidden.last_hidden_state[0, -1])
+            written, other = (at_last, at_end) if saved_before == "reward_end_token" else (at_end, at_last)
+            assert c[f"gold_{key}"] == pytest.approx(written.item() + 0.5, abs=1e-4)
+            assert abs(c[f"gold_{key}"] - other.item() - 0.5) > 1e-4
+            mean = mean_readout_by_hand(model, tokenizer, c["prompt"], c[key])
+            if mean is not None:
+                assert abs(c[f"gold_{key}"] - mean.item() - 0.5) > 1e-4
+                checked += 1
+    assert checked >= 16
