@@ -670,3 +670,103 @@ def test_overopt_best_of_n_curves_by_hand():
     assert reversed_["peak_n"] == 1 and reversed_["fall"] == pytest.approx(1.5)  # the gold at n=1 minus at n=2
     assert reversed_["correlation"] == pytest.approx(-1.0)
     assert same["gold_std"] == pytest.approx(np.std(range(8)))
+
+
+# ------------------------------------------- the reports' columns and axes, on made-up logs where all differ
+
+
+def distinct_collapse_curves():
+    """Two seeds of 7 iterations for kl_coef 0 and 0.5, every tag its own series (tag j, seed s, kl_coef k:
+    iteration i holds 100 j + 10 s + 1000 k + (j + 1) i), so a column or a panel read from another tag shows."""
+    return {kl: [{tag: np.array([100 * j + 10 * s + 1000 * k + (j + 1) * i for i in range(7)], dtype=float)
+                  for j, tag in enumerate(COLLAPSE_TAGS)} for s in range(2)]
+            for k, kl in enumerate((0.0, 0.5))}
+
+
+def test_kl_vs_collapse_table_and_panels_read_each_tag_s_own_series(tmp_path, monkeypatch):
+    curves = distinct_collapse_curves()
+    args = kl_vs_collapse.Args(kl_coefs=[0.0, 0.5], seeds=[1, 2], iterations=7, out=str(tmp_path / "page"))
+    final = {"reward": 0.0, "ends_with_stop": 0.0, "distinct_responses": 0.0, "distinct_2_words": 0.0,
+             "ref_bits_per_char": 0.0, "minutes": 0.0, "samples": []}
+    kl_vs_collapse.write_report(args, curves, {0.0: [final] * 2, 0.5: [final] * 2}, final, 1.0, 1.0, 10)
+    page = (tmp_path / "page.md").read_text()
+    for k, kl in enumerate((0.0, 0.5)):
+        # the last 5 iterations (2..6) of tag j, seed s: 100 j + 10 s + 1000 k + 4 (j + 1); mean over the
+        # seeds + 5, std 5
+        cells = [f"{100 * j + 1000 * k + 4 * (j + 1) + 5:.3f} ± 5.000" for j in range(3)]
+        assert f"| {kl:g} | " + " | ".join(cells) + " | 0.000 ± 0.000 |" in page
+    figures, subplots = [], kl_vs_collapse.plt.subplots
+    monkeypatch.setattr(kl_vs_collapse.plt, "subplots",
+                        lambda *a, **kw: figures.append(subplots(*a, **kw)) or figures[-1])
+    kl_vs_collapse.plot(curves, tmp_path / "c.png")
+    (fig, axes), = figures
+    kl_vs_collapse.plt.close(fig)
+    titles = ["reward", "KL", "policy entropy", "distinct-2", "share of distinct responses"]
+    for ax, title, j in zip(axes, titles, range(5)):
+        assert ax.get_title().startswith(title)
+        for line, k in zip(ax.get_lines(), range(2)):
+            np.testing.assert_allclose(line.get_data()[1], [100 * j + 1000 * k + 5 + (j + 1) * i
+                                                            for i in range(7)])
+
+
+def overopt_made_up_logs(out):
+    """A best-of-n file (3 prompts, N = 16, the proxy equal to gold = 0..15 shifted by the prompt) and a PPO
+    run whose gold changes lie on Gao et al.'s RL form 0.3 d - 0.2 d log d at d = sqrt(KL) = 0, 0.5, ..., 2,
+    its proxy changes elsewhere (2 d + 0.05), written where the report reads them."""
+    gold = [[float(g + p) for g in range(16)] for p in range(3)]
+    bon = {"command": "python experiments/rlhf_overoptimization.py best-of-n --n 16", "n": 16,
+           "prompts": ["a", "b", "c"], "gold": gold, "proxies": [{"name": "small", "path": "x", "scores": gold}],
+           "settings": {"model_name": "m", "temperature": 1.0, "response_length": 4, "stop_token": ".",
+                        "min_response_length": 0},
+           "responses": [[f" r{g}" for g in range(16)] for _ in range(3)],
+           "lengths": [[4] * 16 for _ in range(3)], "stops": [[1] * 16 for _ in range(3)]}
+    ds = [0.0, 0.5, 1.0, 1.5, 2.0]
+    batch = {"proxy_std": 1.0, "gold_std": 0.5, "responses": 8, "length": 4.0, "stop_share": 1.0,
+             "repeated_words": 0.0}
+    iterations = [{**batch, "iteration": i + 1, "kl": d * d, "proxy": 2 * d + 0.05,
+                   "gold": 0.1 + (0.3 * d - 0.2 * d * np.log(d) if d > 0 else 0.0)} for i, d in enumerate(ds)]
+    run = {"proxy": "x", "proxy_name": "small", "kl_coef": 0.1, "kl_target": None,
+           "command": "python experiments/rlhf_overoptimization.py ppo --kl-coefs 0.1",
+           "ppo_command": "python ppo_rlhf_gpt2.py --kl-coef 0.1", "settings": {"batch_size": 8},
+           "iterations": iterations, "initial": {**batch, "proxy": 0.0, "gold": 0.1}, "eval": [], "samples": [],
+           "run_dir": "r"}
+    with open(out + ".best_of_n.json", "w") as f:
+        json.dump(bon, f)
+    with open(out + ".ppo.json", "w") as f:
+        json.dump([run], f)
+    return gold, ds
+
+
+def test_overopt_report_plots_d_and_draws_each_fitted_form_on_made_up_logs(tmp_path, monkeypatch):
+    out = str(tmp_path / "overopt")
+    gold, ds = overopt_made_up_logs(out)
+    figures, subplots = [], rlhf_overoptimization.plt.subplots
+    monkeypatch.setattr(rlhf_overoptimization.plt, "subplots",
+                        lambda *a, **kw: figures.append(subplots(*a, **kw)) or figures[-1])
+    page = rlhf_overoptimization.run_report(rlhf_overoptimization.Report(out=out, num_disagreements=2))
+    (fig, (ax_proxy, ax_gold)), = figures
+    rlhf_overoptimization.plt.close(fig)
+    # best of n = 1, 2, 4 (up to N / 4) by brute force over the n-subsets of each prompt's 16 (distinct)
+    # responses: the expected maximum minus the mean; at d = sqrt(log n - (n - 1) / n)
+    bon_d = [np.sqrt(np.log(n) - (n - 1) / n) for n in (1, 2, 4)]
+    bon_gold = [np.mean([max(s) for s in itertools.combinations(range(16), n)]) - 7.5 for n in (1, 2, 4)]
+    bon_points, ppo_points, bon_fit, ppo_fit = ax_gold.get_lines()[:4]  # then the axis line at 0
+    for ax in (ax_proxy, ax_gold):
+        assert ax.get_xlabel().startswith("d = sqrt(KL")
+    np.testing.assert_allclose(bon_points.get_xdata(), bon_d)
+    np.testing.assert_allclose(bon_points.get_ydata(), bon_gold, atol=1e-9)
+    np.testing.assert_allclose(ppo_points.get_xdata(), ds)
+    np.testing.assert_allclose(ax_proxy.get_lines()[1].get_xdata(), ds)
+    np.testing.assert_allclose(ax_proxy.get_lines()[1].get_ydata(), [2 * d + 0.05 for d in ds])
+    # PPO: the RL form through its points, alpha 0.3 and beta 0.2 exactly; drawn as such
+    x = ppo_fit.get_xdata()
+    np.testing.assert_allclose(ppo_fit.get_ydata(), [0.3 * v - 0.2 * v * np.log(v) if v > 0 else 0.0 for v in x],
+                               atol=1e-9)
+    assert "| PPO kl_coef 0.1, small | 0.3000 | 0.2000 | " in page
+    # best-of-n: the form d (alpha - beta d) through its two points with d > 0, solved here by hand
+    (d2, d4), (g2, g4) = bon_d[1:], bon_gold[1:]
+    beta = (g2 / d2 - g4 / d4) / (d4 - d2)
+    alpha = g2 / d2 + beta * d2
+    x = bon_fit.get_xdata()
+    np.testing.assert_allclose(bon_fit.get_ydata(), alpha * x - beta * x**2, atol=1e-9)
+    assert f"| best-of-n, small | {alpha:.4f} | {beta:.4f} | " in page
