@@ -1359,7 +1359,7 @@ def test_query_batches_are_shuffled_passes_split_over_processes(tiny):
     drawn = sum(batches(3), [])
     assert len(drawn) == 12 and all(len(b) == 4 for b in batches(3))
     assert sorted(drawn[:6]) == sorted(prompts) and sorted(drawn[6:12]) == sorted(prompts)  # pass after pass
-    assert drawn[:6] != prompts  # shuffled
+    assert drawn[:6] != prompts and drawn[6:12] != drawn[:6]  # shuffled, again for each pass
     assert batches(3) == batches(3) and batches(3, seed=2) != batches(3)  # by --seed, not the global state
     # torchrun: 2 processes of 2 queries; together the same batches as one process of 4
     halves = [batches(3, rank=r, local_batch_size=2) for r in (0, 1)]
