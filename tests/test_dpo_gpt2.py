@@ -42,6 +42,7 @@ def write_lines(path, rows) -> str:
 
 
 def tiny_args(tiny, tmp_path, **overrides) -> dpo.Args:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     preferences = overrides.pop("preferences", None) or write_lines(tmp_path / "preferences.jsonl",
                                                                      comparisons_of(rlhf.PROMPTS[:12]))
     defaults = dict(model_name=tiny["policy"], preferences=preferences, runs_dir=str(tmp_path / "runs"),
@@ -269,6 +270,21 @@ def test_the_reference_is_computed_once_and_training_does_not_change_it(tiny, tm
             by_hand = [logps_by_hand(model, tokenizer, c["prompt"], c[key], 0.7)[0] for c in call["comparisons"]]
             assert ref == pytest.approx(by_hand, abs=1e-4)
     assert seen[-1]["now"][0] != pytest.approx(seen[-1]["ref"][0], abs=1e-3)  # the policy has moved
+
+
+def test_accumulated_micro_batches_give_the_gradient_of_the_whole_batch(tiny, tmp_path, monkeypatch):
+    first_grads, real_clip, run = {}, torch.nn.utils.clip_grad_norm_, None
+
+    def clip(parameters, *a, **kw):  # called once a step, with the step's whole gradient
+        parameters = list(parameters)
+        first_grads.setdefault(run, [p.grad.clone() for p in parameters])
+        return real_clip(parameters, *a, **kw)
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip)
+    for run in (1, 4):  # the same first batch of 8 comparisons, in one pass or in four
+        dpo.main(tiny_args(tiny, tmp_path / str(run), batch_size=8, gradient_accumulation_steps=run))
+    for a, b in zip(first_grads[1], first_grads[4]):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
 
 
 def test_kl_and_gold_of_the_held_out_samples_by_hand(tiny, monkeypatch):
