@@ -214,6 +214,31 @@ def prompt_stderr(values: torch.Tensor, prompts: list[str]) -> float:
     return math.sqrt(groups / (groups - 1) * sum(d * d for d in deviations.values())) / len(values)
 
 
+@torch.no_grad()
+def logps_in_chunks(model, tokenizer, comparisons: list[dict], args: Args, device) -> torch.Tensor:
+    """(4, len(comparisons)): chosen_logps, rejected_logps, chosen_lengths and rejected_lengths (as
+    response_logps), forward_batch_size texts at a time (half of them chosen, half rejected), no gradients:
+    the reference's numbers (detail 41), and the held-out comparisons'."""
+    chunk = max(1, args.forward_batch_size // 2)
+    return torch.cat([torch.stack(response_logps(model, tokenizer, comparisons[i : i + chunk], args, device))
+                      for i in range(0, len(comparisons), chunk)], dim=1)
+
+
+@torch.no_grad()
+def evaluate(policy, tokenizer, comparisons: list[dict], ref_logps: torch.Tensor, args: Args, device) -> dict:
+    """The held-out comparisons: the implicit reward's accuracy with its standard error over prompts (detail
+    43), the loss, and each comparison's margin beta * (chosen_logratios - rejected_logratios)."""
+    logps = logps_in_chunks(policy, tokenizer, comparisons, args, device)
+    loss, chosen_rewards, rejected_rewards = dpo_loss(logps[0], logps[1], ref_logps[0], ref_logps[1],
+                                                      args.beta, args.loss_type, args.label_smoothing,
+                                                      logps[2], logps[3])
+    correct = comparison_correct(chosen_rewards, rejected_rewards).cpu()
+    margins = (chosen_rewards - rejected_rewards).cpu()
+    return {"accuracy": correct.mean().item(), "dpo_loss": loss.item(), "margins_mean": margins.mean().item(),
+            "accuracy_stderr": prompt_stderr(correct, [c["prompt"] for c in comparisons]),
+            "margins": margins.tolist()}
+
+
 # ------------------------------------------------------------------------------------------------------------
 # Training
 
@@ -335,8 +360,8 @@ def main(args: Args) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------------------
-# Plumbing, skippable on a first reading: the held-out split and evaluations, argument checks, the preference
-# file, loading and saving.
+# Plumbing, skippable on a first reading: the held-out split, the sampled evaluation, argument checks, the
+# preference file, loading and saving.
 
 def split_comparisons(prompts: list[str], eval_fraction: float, seed: int) -> tuple[list[int], list[int]]:
     """detail 39: (training, held-out) indices of the comparisons whose prompts are given, split by prompt:
@@ -347,30 +372,6 @@ def split_comparisons(prompts: list[str], eval_fraction: float, seed: int) -> tu
     held_out = set(distinct[: max(1, round(eval_fraction * len(distinct)))])
     return ([i for i, p in enumerate(prompts) if p not in held_out],
             [i for i, p in enumerate(prompts) if p in held_out])
-
-
-@torch.no_grad()
-def logps_in_chunks(model, tokenizer, comparisons: list[dict], args: Args, device) -> torch.Tensor:
-    """(4, len(comparisons)): chosen_logps, rejected_logps, chosen_lengths and rejected_lengths (as
-    response_logps), forward_batch_size texts at a time (half of them chosen, half rejected), no gradients."""
-    chunk = max(1, args.forward_batch_size // 2)
-    return torch.cat([torch.stack(response_logps(model, tokenizer, comparisons[i : i + chunk], args, device))
-                      for i in range(0, len(comparisons), chunk)], dim=1)
-
-
-@torch.no_grad()
-def evaluate(policy, tokenizer, comparisons: list[dict], ref_logps: torch.Tensor, args: Args, device) -> dict:
-    """The held-out comparisons: the implicit reward's accuracy with its standard error over prompts (detail
-    43), the loss, and each comparison's margin beta * (chosen_logratios - rejected_logratios)."""
-    logps = logps_in_chunks(policy, tokenizer, comparisons, args, device)
-    loss, chosen_rewards, rejected_rewards = dpo_loss(logps[0], logps[1], ref_logps[0], ref_logps[1],
-                                                      args.beta, args.loss_type, args.label_smoothing,
-                                                      logps[2], logps[3])
-    correct = comparison_correct(chosen_rewards, rejected_rewards).cpu()
-    margins = (chosen_rewards - rejected_rewards).cpu()
-    return {"accuracy": correct.mean().item(), "dpo_loss": loss.item(), "margins_mean": margins.mean().item(),
-            "accuracy_stderr": prompt_stderr(correct, [c["prompt"] for c in comparisons]),
-            "margins": margins.tolist()}
 
 
 def generate(policy, queries: torch.Tensor, response_length: int, temperature: float, pad_token_id: int):
