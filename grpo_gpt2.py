@@ -13,6 +13,7 @@ Usage:
         --min-response-length 0                                          # RLVR, the original GRPO
     python grpo_gpt2.py ... --loss-type dr_grpo --scale-rewards none --beta 0     # Dr. GRPO: no reference
     python grpo_gpt2.py ... --loss-type dapo --clip-coef-high 0.28 --beta 0       # DAPO's loss and clip
+    torchrun --nproc_per_node 8 grpo_gpt2.py --batch-size 512   # data parallel: 8 groups of 8 per GPU
 
 What the code computes (i: a response of a group of G; t: one of its |o_i| real tokens, stop token included):
     advantages_i = (scores_i - mean of the group's scores) / (their std + 1e-4)   (--scale-rewards none: no /,
@@ -26,15 +27,13 @@ What the code computes (i: a response of a group of G; t: one of its |o_i| real 
       --use-bias-correction-kl: kl_it * ratio_it, the ratio not detached (as TRL), whose gradient is
                    ratio_it * (newlogprob_it - ref_logprobs_it) grad newlogprob_it: KL(pi || pi_ref)'s
     loss         = aggregate(pg_loss_it + beta * kl_it), by --loss-type, over N responses, T real tokens:
-      grpo:     1/N sum_i 1/|o_i| sum_t   every response weighs the same, so a token of a long one weighs
-                less: long wrong answers are penalized less per token, short right ones rewarded more
-                (the length bias Dr. GRPO names).
+      grpo:     1/N sum_i 1/|o_i| sum_t   every response weighs the same, a token of a long one less: long
+                wrong answers are penalized less per token, short right ones more (Dr. GRPO's length bias).
       dapo:     1/T sum_i sum_t           every token weighs the same; no length bias within a batch, but a
                 batch's step size depends on how many tokens it has.
       dr_grpo:  1/(N * response_length) sum_i sum_t   a constant: no length bias, and no batch-length effect.
-    With --update-epochs 1 and one minibatch the policy has not moved when its loss is computed: ratio = 1,
-    the clip never acts, and the gradient is the plain policy gradient sum_i A_i grad log pi(o_i), weighted
-    as the aggregation says. The clip matters from a second pass or minibatch on.
+    With --update-epochs 1 and one minibatch, ratio = 1 and the clip never acts: the gradient is the plain
+    policy gradient sum_i A_i grad log pi(o_i), weighted as the aggregation says.
 TRL's GRPOConfig names: num_generations, beta, loss_type, scale_rewards, use_bias_correction_kl as here; its
     num_iterations (mu) is --update-epochs (num_iterations here: total_episodes / batch_size, as in the PPO
     file); epsilon, epsilon_high: --clip-coef, --clip-coef-high; max_completion_length: --response-length.
@@ -46,7 +45,7 @@ Implementation details, numbered as in ppo_rlhf_gpt2.py where they are the same 
  6. Passes over shuffled minibatches; a minibatch may be split into micro-batches whose gradients add up.
 23-30: a pad token distinct from EOS, left padding, position ids from the mask, logits / temperature, pure
     sampling, dropout off, truncation after the first stop token, the EOS trick (in that order).
-35. Groups: each batch is batch_size / G prompts, each repeated G times in a row.
+35. Groups: each batch is batch_size / G prompts, each repeated G times in a row (torchrun: whole groups).
 36. The group-relative advantage, the same on every token of a response (or RLOO's). A group whose scores are
     all equal gets exactly 0 (no signal; rounding noise in its std cannot be blown up).
 37. The loss aggregation, over the whole minibatch even when it is split into micro-batches: each
@@ -56,17 +55,18 @@ Implementation details, numbered as in ppo_rlhf_gpt2.py where they are the same 
     samples pi_ref / pi - 1 is unbounded while the clip has switched the policy term off on those tokens:
     the k3 term alone drives the step. --use-bias-correction-kl: ratio * log(pi / pi_ref) in its place.
 39. An upper clip that may differ from the lower one (--clip-coef-high, DAPO's clip-higher).
-40. --update-epochs passes over each batch (GRPO's mu, TRL's num_iterations): above 1, or with minibatches,
-    the samples go stale, the clip acts, and without --use-bias-correction-kl the k3 term behaves as in 38.
-41. --eval-split validation: evaluate on training problems set aside (never trained on), for tuning.
+40. --update-epochs passes over each batch (GRPO's mu, TRL's num_iterations); above 1 (or with minibatches)
+    the samples go stale, and the k3 term acts on them as 38 says.
 """
 
 import copy
+import functools
 import importlib.util
 import json
 import os
 import random
 import re
+import sys
 import time
 from dataclasses import dataclass
 from typing import Literal
@@ -96,7 +96,7 @@ class Args:
     eval_checkpoint: str | None = None  # a --save-model folder: only score it on the held-out prompts
     eval_every: int = 0  # also score the held-out prompts every this many iterations (0: before and after)
     eval_greedy: bool = False  # also score greedy decoding (the most likely token at every step)
-    eval_split: Literal["held_out", "validation"] = "held_out"  # detail 41 (validation: for tuning)
+    eval_split: Literal["held_out", "validation"] = "held_out"  # validation: training problems set aside
 
     # models and task (as in ppo_rlhf_gpt2.py)
     model_name: str = "gpt2"  # the policy: a causal LM's hub id or local directory
@@ -132,8 +132,11 @@ class Args:
     missing_eos_penalty: float | None = -1.0  # the score of a response without the stop token (None: off)
 
     # computed in check_args
-    prompts_per_batch: int = 0  # computed: batch_size // num_generations
-    minibatch_size: int = 0  # computed: batch_size // num_minibatches
+    world_size: int = 0  # computed: the number of processes (1, or torchrun's)
+    rank: int = 0  # computed: this process's index among them
+    local_batch_size: int = 0  # computed: the responses this process samples per iteration (whole groups)
+    prompts_per_batch: int = 0  # computed: batch_size // num_generations, over all processes
+    minibatch_size: int = 0  # computed: this process's share of a minibatch
     micro_batch_size: int = 0  # computed: the micro-batch size
     num_iterations: int = 0  # computed: total_episodes // batch_size
 
@@ -145,13 +148,15 @@ class Args:
 def query_batches(prompts: list[str], tokenizer, args: Args, device: torch.device):
     """details 1, 35: batches of args.batch_size queries: prompts_per_batch prompts, one shuffled pass over
     the prompts after another, each prompt repeated num_generations times in a row (a group)."""
-    rng, indices = random.Random(args.seed), []
+    rng, indices = random.Random(args.seed), []  # the same draws in every process
     while True:
         while len(indices) < args.prompts_per_batch:
             order = list(range(len(prompts)))
             rng.shuffle(order)
             indices += order
         chosen, indices = indices[: args.prompts_per_batch], indices[args.prompts_per_batch :]
+        local = args.local_batch_size // args.num_generations  # torchrun: this process's prompts (groups)
+        chosen = chosen[args.rank * local : (args.rank + 1) * local]
         queries = tokenize_queries(tokenizer, [prompts[i] for i in chosen], args.max_query_length, device)
         yield queries.repeat_interleave(args.num_generations, dim=0)
 
@@ -260,11 +265,6 @@ def truncate_after_stop_token(responses: torch.Tensor, stop_token_id: int, pad_t
     return responses.masked_fill(~response_mask, pad_token_id), response_mask, contain_stop
 
 
-def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of x where mask is True; masked entries cannot leak in, even as inf or nan."""
-    return torch.where(mask, x, 0.0).sum() / mask.sum()
-
-
 def group_advantages(scores: torch.Tensor, num_generations: int, scale_rewards: str, advantage: str = "grpo"):
     """detail 36: each response's score minus the mean of its group (num_generations consecutive responses),
     divided by the group's std (unbiased) + 1e-4 unless scale_rewards is "none"; or (rloo) minus the mean of
@@ -320,7 +320,7 @@ def main(args: Args) -> dict:
     check_args(args)
     random.seed(args.seed)
     np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
+    torch.manual_seed(args.seed + args.rank)  # torchrun: each process samples its own responses
     torch.backends.cudnn.deterministic = args.torch_deterministic
     torch.set_num_threads(args.num_threads)
     if args.cuda and not torch.cuda.is_available():
@@ -328,6 +328,8 @@ def main(args: Args) -> dict:
     device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
     if args.eval_checkpoint is not None:
         return evaluate_checkpoint(args, device)
+    if args.world_size > 1:  # torchrun: join the other processes (NCCL on GPUs, gloo on CPUs)
+        device = init_process_group(args, device)
 
     run_dir = os.path.join(args.runs_dir, f"{args.exp_name}__{args.seed}__{int(time.time())}")
     prompts, eval_prompts = load_prompts(args)  # training, held-out; the loading functions are below main()
@@ -339,21 +341,16 @@ def main(args: Args) -> dict:
     reward_fn = load_reward_fn(args, device)
     # detail 3: Adam (eps 1e-5) over the policy, the only trained model; fused: one in-place kernel a tensor
     optimizer = torch.optim.Adam(policy.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    # torchrun: the update's passes go through DDP, whose backward averages the gradients over the processes
+    train_policy = nn.parallel.DistributedDataParallel(policy) if args.world_size > 1 else policy
 
-    writer = SummaryWriter(run_dir)
+    writer = SummaryWriter(run_dir) if args.rank == 0 else NoWriter()  # torchrun: process 0 logs
     writer.add_text("hyperparameters", markdown_table(list(vars(args).items()), ("param", "value")))
     eval_stats = {}
-
-    def held_out_evaluation(model, when: str, iteration: int):
-        """Score the held-out prompts, sampled (and greedy with --eval-greedy); log and keep the results."""
-        for greedy in [False, True] if args.eval_greedy else [False]:
-            result = evaluate(model, eval_prompts, tokenizer, stop_token_id, reward_fn, args, device, greedy)
-            eval_stats[when + ("_greedy" if greedy else "")] = result
-            for key, tag in [("raw_score_mean", "raw_scores"), ("accuracy", "accuracy")]:  # accuracy: RLVR
-                if key in result:
-                    writer.add_scalar(f"eval/{'greedy_' if greedy else ''}{tag}", result[key], iteration)
-
-    if args.eval_episodes > 0:
+    # the held-out evaluation of a policy (sampled, and greedy with --eval-greedy): logged, kept in eval_stats
+    held_out_evaluation = functools.partial(evaluate_and_log, eval_prompts, tokenizer, stop_token_id,
+                                            reward_fn, args, device, writer, eval_stats)
+    if args.eval_episodes > 0 and args.rank == 0:  # torchrun: process 0 evaluates
         held_out_evaluation(policy, "initial", 0)
     stats, iteration, interrupted = {}, 0, False
     start_time = time.time()
@@ -375,7 +372,7 @@ def main(args: Args) -> dict:
             if ref_policy is not None:  # detail 38
                 with torch.inference_mode():  # in chunks, so that no pass holds batch x length x vocab floats
                     ref_logprobs = []
-                    for i in range(0, args.batch_size, args.local_rollout_forward_batch_size):
+                    for i in range(0, args.local_batch_size, args.local_rollout_forward_batch_size):
                         chunk = slice(i, i + args.local_rollout_forward_batch_size)
                         ref_logits = response_logits(ref_policy, query_responses[chunk], context_length,
                                                      args.temperature, pad_token_id)
@@ -395,17 +392,20 @@ def main(args: Args) -> dict:
             update_start = time.time()
             update_stats = {}  # for each debug variable, one tensor per micro-batch; averaged in 5.
             for epoch in range(args.update_epochs):  # detail 40
-                b_inds = torch.randperm(args.batch_size, device=device)
-                for start in range(0, args.batch_size, args.minibatch_size):  # detail 6
+                b_inds = torch.randperm(args.local_batch_size, device=device)
+                for start in range(0, args.local_batch_size, args.minibatch_size):  # detail 6
                     mb_inds = b_inds[start : start + args.minibatch_size]
-                    minibatch_tokens = response_mask[mb_inds].sum()
+                    # torchrun: N this process's minibatch_size, T the processes' mean: DDP's mean of their
+                    # gradients is then the gradient of the whole minibatch's loss (detail 37)
+                    minibatch_tokens = all_sum(response_mask[mb_inds].sum()) / args.world_size
                     minibatch_losses = {}  # the minibatch's losses: the sums of its micro-batches' shares
                     for micro_start in range(0, args.minibatch_size, args.micro_batch_size):
                         micro_inds = mb_inds[micro_start : micro_start + args.micro_batch_size]
                         micro_mask = response_mask[micro_inds]
                         # only the log-softmax of the logits is kept (backward needs it, not the logits)
-                        all_logprobs = response_logits(policy, query_responses[micro_inds], context_length,
-                                                       args.temperature, pad_token_id).log_softmax(-1)
+                        all_logprobs = response_logits(train_policy, query_responses[micro_inds],
+                                                       context_length, args.temperature,
+                                                       pad_token_id).log_softmax(-1)
                         newlogprob = all_logprobs.gather(-1, real_responses[micro_inds, :, None]).squeeze(-1)
                         token_pg_loss, ratio, logratio = policy_loss(newlogprob, logprobs[micro_inds],
                                                                      advantages[micro_inds], args.clip_coef,
@@ -448,7 +448,7 @@ def main(args: Args) -> dict:
                 # -log pi of the sampled tokens, summed over the response: a one-sample estimate of the
                 # response's entropy, in nats (losses/entropy: the mean next-token entropy in the update)
                 "objective/response_entropy": (-logprobs).masked_fill(~response_mask, 0).sum(1).mean().item(),
-                "val/num_eos_tokens": contain_stop.sum().item(),
+                "val/num_eos_tokens": contain_stop.sum().item() * args.world_size,  # a sum, after the mean
                 "val/ratio": update_stats["ratio"],
                 "val/distinct_responses": distinct_responses,
                 "val/distinct_2": distinct_2,
@@ -462,19 +462,17 @@ def main(args: Args) -> dict:
             if args.reward_model == "arithmetic":  # lengths of the right and the wrong responses (nan: none)
                 stats["val/length_right"] = lengths[right].mean().item()
                 stats["val/length_wrong"] = lengths[~right].mean().item()
+            stats = mean_over_processes(stats, device)  # torchrun: each statistic's mean over the processes
             for tag, value in stats.items():
                 writer.add_scalar(tag, value, iteration)
             if iteration == 1 or iteration % args.log_samples_every == 0 or iteration == args.num_iterations:
-                rows = list(zip(tokenizer.batch_decode(queries, skip_special_tokens=True),
-                                tokenizer.batch_decode(responses, skip_special_tokens=True),
-                                [f"{s:.2f} (A {a:+.2f})" for s, a in zip(scores.tolist(), advantages)]))
-                table = markdown_table(rows[: 2 * args.num_generations], ("query", "response", "score"))
+                table = samples_table(tokenizer, queries, responses, scores, advantages, args)
                 writer.add_text("samples", table, iteration)
             print(f"iteration {iteration}/{args.num_iterations} score {stats['objective/scores']:.3f} "
                   f"zero-advantage groups {stats['val/zero_advantage_groups']:.0%}")
 
             if args.eval_every > 0 and iteration % args.eval_every == 0 and iteration < args.num_iterations:
-                if args.eval_episodes > 0:
+                if args.eval_episodes > 0 and args.rank == 0:
                     held_out_evaluation(policy, f"iteration_{iteration}", iteration)
     except KeyboardInterrupt:
         print(f"interrupted in iteration {iteration}: keeping the logs, skipping the evaluation")
@@ -482,23 +480,31 @@ def main(args: Args) -> dict:
 
     # 6. save / evaluate
     try:
-        if args.save_model:
+        if args.save_model and args.rank == 0:
             model_path = os.path.join(run_dir, "model")
             save_policy(policy, args.model_name, model_path, args)
             print(f"policy saved to {model_path}")
-        if args.eval_episodes > 0 and not interrupted:
+        if args.eval_episodes > 0 and not interrupted and args.rank == 0:
             held_out_evaluation(policy, "final", iteration)
             print_held_out_summary(eval_stats, args)
     except KeyboardInterrupt:  # saving or evaluating GPT-2 takes seconds
         print("interrupted while saving or evaluating: keeping the logs; the model folder may be incomplete")
     finally:
         writer.close()
+        if args.world_size > 1:  # wait for process 0's saving and evaluation, then leave together
+            torch.distributed.barrier()
+            torch.distributed.destroy_process_group()
     return {"run_dir": run_dir, "eval": eval_stats, **stats}
 
 
 # ------------------------------------------------------------------------------------------------------------
 # Plumbing, skippable on a first reading: the debug variables, the held-out evaluation, --eval-checkpoint,
-# argument checks, loading and saving, the task's prompts and verifier.
+# argument checks, the process group (torchrun), loading and saving, the task's prompts and verifier.
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of x where mask is True; masked entries cannot leak in, even as inf or nan."""
+    return torch.where(mask, x, 0.0).sum() / mask.sum()
 
 
 def debug_variables(all_logprobs, ratio, logratio, advantages, response_mask, clip_coef: float,
@@ -554,6 +560,17 @@ def evaluate(policy, eval_prompts, tokenizer, stop_token_id: int, reward_fn, arg
         right = torch.tensor([sum(s > 0 for s in scores) / len(scores) for scores in per_prompt.values()])
         result["accuracy"], result["accuracy_stderr"] = mean_and_stderr(right)
     return result
+
+
+def evaluate_and_log(eval_prompts, tokenizer, stop_token_id: int, reward_fn, args: Args, device, writer,
+                     eval_stats: dict, model, when: str, iteration: int) -> None:
+    """Score the held-out prompts, sampled (and greedy with --eval-greedy); log and keep the results."""
+    for greedy in [False, True] if args.eval_greedy else [False]:
+        result = evaluate(model, eval_prompts, tokenizer, stop_token_id, reward_fn, args, device, greedy)
+        eval_stats[when + ("_greedy" if greedy else "")] = result
+        for key, tag in [("raw_score_mean", "raw_scores"), ("accuracy", "accuracy")]:  # accuracy: RLVR
+            if key in result:
+                writer.add_scalar(f"eval/{'greedy_' if greedy else ''}{tag}", result[key], iteration)
 
 
 def print_held_out_summary(eval_stats: dict, args: Args) -> None:
@@ -612,17 +629,23 @@ def check_args(args: Args) -> None:
     if not 0 <= args.min_response_length < args.response_length:
         raise SystemExit(f"error: --min-response-length {args.min_response_length} must be at least 0 and "
                          f"smaller than --response-length {args.response_length}")
-    if args.batch_size % args.num_generations != 0:
+    # torchrun sets WORLD_SIZE and RANK; every process checks the arguments and fails with the same message
+    args.world_size, args.rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    if args.eval_checkpoint is not None and args.world_size > 1:
+        raise SystemExit("error: --eval-checkpoint runs in one process: run it with python, not torchrun")
+    processes = f" times the {args.world_size} torchrun processes" if args.world_size > 1 else ""
+    if args.batch_size % (args.num_generations * args.world_size) != 0:  # a group is never split
         raise SystemExit(f"error: --batch-size {args.batch_size} is not a whole number of groups of "
-                         f"--num-generations {args.num_generations}; choose a multiple of it")
+                         f"--num-generations {args.num_generations}{processes}; choose a multiple of it")
+    args.local_batch_size = args.batch_size // args.world_size
     args.prompts_per_batch = args.batch_size // args.num_generations
-    if args.batch_size % args.num_minibatches != 0:
+    if args.batch_size % (args.num_minibatches * args.world_size) != 0:
         raise SystemExit(f"error: --batch-size {args.batch_size} is not divisible by --num-minibatches "
-                         f"{args.num_minibatches}; choose a batch size that is a multiple of it")
-    args.minibatch_size = args.batch_size // args.num_minibatches
+                         f"{args.num_minibatches}{processes}; choose a batch size that is a multiple of it")
+    args.minibatch_size = args.local_batch_size // args.num_minibatches
     if args.minibatch_size % args.gradient_accumulation_steps != 0:
         raise SystemExit(f"error: the minibatch size {args.minibatch_size} (--batch-size / "
-                         f"--num-minibatches) is not divisible by --gradient-accumulation-steps "
+                         f"--num-minibatches / processes) is not divisible by --gradient-accumulation-steps "
                          f"{args.gradient_accumulation_steps}")
     args.micro_batch_size = args.minibatch_size // args.gradient_accumulation_steps
     if args.total_episodes < args.batch_size:
@@ -653,6 +676,41 @@ def check_args(args: Args) -> None:
     if args.reward_model == "vader" and importlib.util.find_spec("vaderSentiment") is None:
         raise SystemExit("error: --reward-model vader needs the vaderSentiment package (pip install "
                          "vaderSentiment)")
+
+
+def init_process_group(args: Args, device: torch.device) -> torch.device:
+    """torchrun: join the process group; on GPUs, each process takes the GPU torchrun assigns it. Returns
+    this process's device."""
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+    torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    if args.rank > 0:
+        sys.stdout = open(os.devnull, "w")  # process 0 prints the progress; errors still reach stderr
+    return device
+
+
+def all_sum(x: torch.Tensor) -> torch.Tensor:
+    """torchrun: the sum of x over the processes, in place (one process: x as it is)."""
+    if torch.distributed.is_initialized():
+        torch.distributed.all_reduce(x)
+    return x
+
+
+def mean_over_processes(stats: dict, device: torch.device) -> dict:
+    """torchrun: each value's mean over the processes (one process: the values as they are)."""
+    if not torch.distributed.is_initialized():
+        return stats
+    values = torch.tensor(list(stats.values()), dtype=torch.float64, device=device)
+    torch.distributed.all_reduce(values)
+    return dict(zip(stats, (values / torch.distributed.get_world_size()).tolist()))
+
+
+class NoWriter:
+    """torchrun: the SummaryWriter of the processes other than 0, which write nothing."""
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
 
 
 def check_saved_policy(path: str) -> None:
@@ -860,9 +918,6 @@ def load_prompts(args: Args) -> tuple[list[str], list[str]]:
         if not prompts:
             raise SystemExit(f"error: --prompts-file {args.prompts_file} contains no prompts")
     if args.eval_split == "validation" and args.reward_model != "arithmetic":
-        if len(prompts) < 2:
-            raise SystemExit(f"error: --eval-split validation: --prompts-file {args.prompts_file} has one "
-                             f"prompt, none to set aside; give it at least 2 or use --eval-split held_out")
         eval_prompts = prompts[-max(1, len(prompts) // 8) :]  # the last eighth, fixed
     if args.eval_split == "validation":
         prompts = [p for p in prompts if p not in set(eval_prompts)]  # never trained on
@@ -878,6 +933,14 @@ def diversity(responses: torch.Tensor, response_mask: torch.Tensor) -> tuple[flo
     rows = [tuple(r[m].tolist()) for r, m in zip(responses, response_mask)]
     bigrams = [pair for row in rows for pair in zip(row, row[1:])]
     return len(set(rows)) / len(rows), len(set(bigrams)) / max(len(bigrams), 1)
+
+
+def samples_table(tokenizer, queries, responses, scores, advantages, args: Args) -> str:
+    """The first two groups of a batch: query, response, score and advantage."""
+    rows = list(zip(tokenizer.batch_decode(queries, skip_special_tokens=True),
+                    tokenizer.batch_decode(responses, skip_special_tokens=True),
+                    [f"{s:.2f} (A {a:+.2f})" for s, a in zip(scores.tolist(), advantages)]))
+    return markdown_table(rows[: 2 * args.num_generations], ("query", "response", "score"))
 
 
 def markdown_table(rows: list[tuple], header: tuple) -> str:

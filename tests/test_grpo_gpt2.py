@@ -6,8 +6,12 @@ different lengths, two passes over two minibatches); bad arguments; Ctrl-C; savi
 import copy
 import json
 import math
+import os
 import re
+import signal
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -145,7 +149,7 @@ def test_the_validation_split_of_a_prompt_list_is_its_last_eighth(tiny, tmp_path
     assert grpo.load_prompts(tiny_args(tiny, tmp_path, prompts_file=str(prompts_file),
                                        eval_split="validation")) == (["one", "two"], ["three"])
     prompts_file.write_text("one\n")
-    with pytest.raises(SystemExit, match="--eval-split validation: --prompts-file .* has one prompt"):
+    with pytest.raises(SystemExit, match="--eval-split validation: no training prompt is left"):
         grpo.load_prompts(tiny_args(tiny, tmp_path, prompts_file=str(prompts_file), eval_split="validation"))
 
 
@@ -728,3 +732,150 @@ def test_eval_checkpoint_samples_with_the_settings_saved_with_the_policy(tiny, t
     (model_dir / "sampling.json").write_text("{not json")
     with pytest.raises(SystemExit, match="--eval-checkpoint .*: not a policy saved by --save-model"):
         grpo.main(tiny_args(tiny, tmp_path / "bad", eval_checkpoint=str(model_dir)))
+
+
+# ---------------------------------------------------------------------------------------------- torchrun
+
+# The script run by both: sampling is replaced by a fixed function of each query and of the response's place
+# in its group (random tokens from a generator seeded with both, and a stop token at a position that depends
+# on both, so that the lengths and the "length" reward vary within a group), with the log-probs recomputed by
+# the policy. One process with a batch of 8 and two processes with 4 each (one group of 4) then see the same
+# (query, response) pairs. It runs main() once for each --loss-type (grpo: N matters, dapo: T), in
+# <runs_dir>/<loss_type>, and records the gradient norm of each optimizer step, before clipping.
+DRIVER = '''
+import copy, json, os, sys
+import torch, tyro
+sys.path.insert(0, {repo!r})
+import grpo_gpt2 as grpo
+
+args = tyro.cli(grpo.Args)
+
+@torch.inference_mode()
+def generate(policy, queries, response_length, temperature, pad_token_id, greedy=False):
+    rows = []
+    for j, query in enumerate(queries.tolist()):
+        place = j % args.num_generations  # a process holds whole groups, so this is the place in the group
+        generator = torch.Generator().manual_seed(abs(hash((tuple(query), place))) % 2**31)
+        row = torch.randint(0, {vocab_size}, (response_length,), generator=generator)
+        row[(sum(query) + place) % response_length] = {stop_id}
+        rows.append(row)
+    responses = torch.stack(rows).to(queries.device)
+    logits = grpo.response_logits(policy, torch.cat([queries, responses], 1), queries.shape[1], temperature,
+                                  pad_token_id)
+    return responses, grpo.gather_logprobs(logits, responses)
+
+norms, clip = [], grpo.nn.utils.clip_grad_norm_
+def record_norm(parameters, max_norm):
+    norms.append(clip(parameters, max_norm).item())
+    return norms[-1]
+
+# one process group for both runs (torchrun's rendezvous serves one): joined once, left at the end
+destroy, init = torch.distributed.destroy_process_group, grpo.init_process_group
+torch.distributed.destroy_process_group = lambda: None
+grpo.init_process_group = lambda a, device: device if torch.distributed.is_initialized() else init(a, device)
+grpo.generate, grpo.nn.utils.clip_grad_norm_ = generate, record_norm
+for loss_type in ("grpo", "dapo"):
+    norms.clear()
+    run_args = copy.deepcopy(args)
+    run_args.loss_type, run_args.runs_dir = loss_type, os.path.join(args.runs_dir, loss_type)
+    grpo.main(run_args)
+    with open(os.path.join(args.runs_dir, f"grad_norms_{{loss_type}}_{{run_args.rank}}.json"), "w") as f:
+        json.dump(norms, f)
+if torch.distributed.is_initialized():
+    destroy()
+'''
+
+
+def run_script(root: Path, name: str, flags: list, processes: int):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                str(processes)] if processes > 1 else [sys.executable]
+    (root / name).mkdir()
+    # a session of its own, so that a run that hangs is stopped with all its processes
+    process = subprocess.Popen(launcher + [str(root / "driver.py"), *flags, "--runs-dir", str(root / name / "runs")],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                               start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        raise
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+@pytest.fixture(scope="module")
+def torchrun_case(tiny, tmp_path_factory):
+    """The driver script and flags: 2 prompts of the same token length (so that one process's query is padded
+    as in the batch of both), one iteration of 2 groups of 4, two passes over one minibatch of two
+    accumulated micro-batches, the corrected k3 at beta 0.1 (a reference on every process)."""
+    root = tmp_path_factory.mktemp("torchrun")
+    tokenizer = AutoTokenizer.from_pretrained(tiny["policy"])
+    lengths = {p: len(tokenizer.encode(p)) for p in grpo.PROMPTS}
+    common_length = max(set(lengths.values()), key=list(lengths.values()).count)
+    prompts = [p for p in grpo.PROMPTS if lengths[p] == common_length][:2]
+    (root / "prompts.txt").write_text("\n".join(prompts))
+    stop_id = tokenizer.encode("x.")[-1]
+    (root / "driver.py").write_text(DRIVER.format(repo=str(Path(grpo.__file__).parent), stop_id=stop_id,
+                                                     vocab_size=len(tokenizer)))
+    flags = ["--model-name", tiny["policy"], "--reward-model", "length", "--no-cuda", "--prompts-file",
+             str(root / "prompts.txt"), "--batch-size", "8", "--num-generations", "4", "--num-minibatches", "1",
+             "--update-epochs", "2", "--gradient-accumulation-steps", "2", "--total-episodes", "8",
+             "--response-length", "8", "--min-response-length", "0", "--eval-episodes", "0", "--learning-rate",
+             "1e-3", "--missing-eos-penalty", "None", "--beta", "0.1", "--use-bias-correction-kl", "--save-model"]
+    return root, flags
+
+
+def test_torchrun_two_processes_make_the_update_of_one_process(torchrun_case):
+    """Same responses, same update, for --loss-type grpo and dapo: one group on each process, the loss's N
+    (grpo) or T (dapo) over both processes, the gradients averaged by DDP. A per-process N or T, or a
+    gradient off by the number of processes, changes the gradient norm below (Adam alone would hide it)."""
+    root, flags = torchrun_case
+    for name, processes in (("one", 1), ("two", 2)):
+        result = run_script(root, name, flags, processes)
+        assert result.returncode == 0, result.stderr[-3000:]
+    initial = AutoModelForCausalLM.from_pretrained(flags[1]).state_dict()
+    for loss_type in ("grpo", "dapo"):
+        run_dirs = {n: list((root / n / "runs" / loss_type).iterdir()) for n in ("one", "two")}
+        assert [len(d) for d in run_dirs.values()] == [1, 1]  # process 1 writes no run folder of its own
+        run_dirs = {name: d[0] for name, d in run_dirs.items()}
+        one, two = (AutoModelForCausalLM.from_pretrained(run_dirs[n] / "model").state_dict() for n in ("one", "two"))
+        moved = max((one[k] - initial[k]).abs().max().item() for k in initial)
+        differ = max((one[k] - two[k]).abs().max().item() for k in initial)
+        assert moved > 1e-3 and differ < 1e-6, (loss_type, moved, differ)  # far larger than the float noise
+        norms = [json.loads((root / n / "runs" / f"grad_norms_{loss_type}_{rank}.json").read_text())
+                 for n, rank in (("one", 0), ("two", 0), ("two", 1))]
+        assert len(norms[0]) == 2 and norms[0][0] > 0  # 2 passes x 1 minibatch
+        assert norms[1] == pytest.approx(norms[0], rel=1e-4) and norms[2] == pytest.approx(norms[0], rel=1e-4)
+        # the logged statistics are over both processes' responses, the losses those of the whole minibatch
+        # (the debug variables are means over micro-batches, which differ: not compared)
+        scalars = {name: read_scalars(d) for name, d in run_dirs.items()}
+        assert scalars["one"]["val/zero_advantage_groups"] == [0.0]
+        for tag in ("objective/scores", "charts/episodic_length", "val/num_eos_tokens", "losses/policy_loss",
+                    "losses/kl", "objective/kl"):
+            assert scalars["two"][tag] == pytest.approx(scalars["one"][tag], abs=1e-5), (loss_type, tag)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    # 12 responses are 3 groups of 4: one process takes them, 2 processes would split a group
+    (dict(batch_size=12, total_episodes=12), "--batch-size 12 is not a whole number of groups of --num-generations "
+                                             "4 times the 2 torchrun processes; choose a multiple of it"),
+    # 8 responses in 8 minibatches: one each in one process, half a response each in 2
+    (dict(num_minibatches=8), "--batch-size 8 is not divisible by --num-minibatches 8 times the 2 torchrun "
+                              "processes; choose a batch size that is a multiple of it"),
+    (dict(eval_checkpoint="."), "--eval-checkpoint runs in one process: run it with python, not torchrun"),
+])
+def test_torchrun_bad_flags_fail_in_every_process_with_one_message(tiny, tmp_path, monkeypatch, overrides,
+                                                                   message):
+    """As torchrun sets them for each of 2 processes: the same one-line error in both, before any model
+    loads or any collective (so that no process waits for another). The same flags pass in one process."""
+    for rank in (0, 1):
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        monkeypatch.setenv("RANK", str(rank))
+        with pytest.raises(SystemExit, match=re.escape(message)) as failure:
+            grpo.main(tiny_args(tiny, tmp_path, **overrides))
+        assert str(failure.value).startswith("error: ") and "\n" not in str(failure.value)
+    assert not (tmp_path / "runs").exists()
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("RANK", "0")
+    if "eval_checkpoint" not in overrides:
+        grpo.check_args(tiny_args(tiny, tmp_path, **overrides))
