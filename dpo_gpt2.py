@@ -185,7 +185,8 @@ def dpo_loss(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps,
     chosen_logratios = chosen_logps - ref_chosen_logps
     rejected_logratios = rejected_logps - ref_rejected_logps
     if loss_type == "ipo":  # per-token means (Azar et al.'s target does not grow with the length)
-        margins = chosen_logratios / chosen_lengths - rejected_logratios / rejected_lengths
+        margins = (chosen_logratios / chosen_lengths.clamp(min=1)  # 0 tokens: an empty prompt's first token
+                   - rejected_logratios / rejected_lengths.clamp(min=1))
         losses = (margins - 1 / (2 * beta)) ** 2
     else:
         margins = chosen_logratios - rejected_logratios
