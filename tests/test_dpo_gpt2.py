@@ -100,7 +100,12 @@ def test_ipo_loss_by_hand_on_per_token_means():
     assert at_target.item() == 0.0
 
 
-def test_accuracy_counts_ties_as_half():
+def test_implicit_reward_accuracy_by_hand_ties_count_half():
+    # chosen_logratios (0.5, -1, 0, 2), rejected_logratios (-1, 1, 0, 2): right, wrong, and two ties
+    logps = [torch.tensor(v) for v in ([-3.0, -5.0, -2.0, -1.0], [-4.0, -2.0, -6.0, -1.0],
+                                       [-3.5, -4.0, -2.0, -3.0], [-3.0, -3.0, -6.0, -3.0])]
+    _, chosen_rewards, rejected_rewards = dpo.dpo_loss(*logps, beta=0.1, loss_type="sigmoid")
+    assert dpo.comparison_correct(chosen_rewards, rejected_rewards).tolist() == [1.0, 0.0, 0.5, 0.5]
     correct = dpo.comparison_correct(torch.tensor([1.0, 0.0, 2.0, -1.0, 0.3]),
                                      torch.tensor([0.0, 0.0, 3.0, -1.0, 0.2]))
     assert correct.tolist() == [1.0, 0.5, 0.0, 0.5, 1.0]
@@ -236,6 +241,15 @@ def test_main_logs_trl_s_names_and_scores_the_split_of_reward_model_gpt2(tiny, t
     assert result["eval_accuracy"] == pytest.approx(
         sum((m > 0) + 0.5 * (m == 0) for m in margins) / len(margins))
     assert result["eval_accuracy"] > 0.5
+    # its standard error over the 3 held-out prompts (2 comparisons each), by hand
+    correct = [(m > 0) + 0.5 * (m == 0) for m in margins]
+    mean = sum(correct) / len(correct)
+    sums = {}
+    for i, c in zip(held_out, correct):
+        sums[comparisons[i]["prompt"]] = sums.get(comparisons[i]["prompt"], 0.0) + c - mean
+    assert len(sums) == 3
+    assert result["eval_accuracy_stderr"] == pytest.approx(
+        math.sqrt(3 / 2 * sum(v * v for v in sums.values())) / len(correct))
     assert result["gold_accuracy"] == 1.0
     assert math.isfinite(result["eval_kl_mean"]) and result["eval_kl_stderr"] >= 0
     assert result["eval_gold_scores_mean"] > 0  # length: every response has characters
