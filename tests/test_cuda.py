@@ -67,13 +67,23 @@ def test_rlhf_trains_on_the_gpu_and_its_saved_policy_loads_on_the_cpu(tiny, tmp_
     assert any(changed)  # the saved policy is the trained one
 
 
-@pytest.mark.parametrize("beta", [0.04, 0.0])
-def test_grpo_trains_on_the_gpu_and_its_saved_policy_loads_on_the_cpu(tiny, tmp_path, beta):
-    result = on_the_gpu(lambda: grpo.main(grpo_tiny_args(tiny, tmp_path, cuda=True, save_model=True, beta=beta,
-                                                         reward_model="vader", missing_eos_penalty=None)))
+@pytest.mark.parametrize("overrides", [dict(beta=0.04), dict(beta=0.0),
+                                       dict(beta=0.04, advantage="rloo", use_bias_correction_kl=True, update_epochs=2,
+                                            num_minibatches=2)],
+                         ids=["beta0.04", "beta0", "rloo-corrected-k3"])
+def test_grpo_trains_on_the_gpu_and_its_saved_policy_loads_on_the_cpu(tiny, tmp_path, overrides):
+    """The "length" reward (characters of the response; no stop token is required, and the tiny model's tokens
+    have different lengths): it varies within groups, so the advantages are not all 0 and the policy moves.
+    (vader scores every response of the tiny random model alike: every advantage 0, and at the reference the
+    k3 term has gradient 0 too, so nothing could move.)"""
+    result = on_the_gpu(lambda: grpo.main(grpo_tiny_args(tiny, tmp_path, cuda=True, save_model=True,
+                                                         reward_model="length", missing_eos_penalty=None,
+                                                         **overrides)))
     for tag in ("objective/scores", "losses/policy_loss", "losses/approx_kl"):
         assert np.isfinite(result[tag]), tag
-    assert ("objective/kl" in result) == (beta > 0)
+    assert ("objective/kl" in result) == (overrides["beta"] > 0)
+    assert result["val/zero_advantage_groups"] < 1  # some group had a signal
     saved = AutoModelForCausalLM.from_pretrained(os.path.join(result["run_dir"], "model"))
     initial = AutoModelForCausalLM.from_pretrained(tiny["policy"])
+    assert next(saved.parameters()).device.type == "cpu"
     assert any(not torch.equal(p, q) for p, q in zip(saved.parameters(), initial.parameters()))
