@@ -467,18 +467,6 @@ def print_held_out_summary(eval_stats: dict, gold_accuracy, num_comparisons: int
               f"nats (standard errors over {num_prompts} prompts)")
 
 
-def write_held_out_scores(indices: list[int], margins: list[float], run_dir: str) -> str:
-    """<run dir>/held_out_scores.jsonl: the held-out comparisons (0-based lines of the preference file) and
-    their implicit reward margins, in reward_model_gpt2.py's format (benchmarks/preference_baselines.py
-    --scores reads both)."""
-    os.makedirs(run_dir, exist_ok=True)
-    path = os.path.join(run_dir, "held_out_scores.jsonl")
-    with open(path, "w") as f:
-        for index, margin in zip(indices, margins):
-            f.write(json.dumps({"index": index, "margin": margin}) + "\n")
-    return path
-
-
 def check_args(args: Args) -> None:
     """Validate the arguments and compute the derived sizes; fail before any model is loaded."""
 
@@ -536,6 +524,18 @@ def check_split(prompts: list[str], args: Args) -> None:
         raise SystemExit(f"error: --batch-size {args.batch_size} is larger than the {len(train)} training "
                          f"comparisons (after --eval-fraction {args.eval_fraction} of the prompts held out); "
                          f"lower it or add comparisons")
+
+
+def write_held_out_scores(indices: list[int], margins: list[float], run_dir: str) -> str:
+    """<run dir>/held_out_scores.jsonl: the held-out comparisons (0-based lines of the preference file) and
+    their implicit reward margins, in reward_model_gpt2.py's format (benchmarks/preference_baselines.py
+    --scores reads both)."""
+    os.makedirs(run_dir, exist_ok=True)
+    path = os.path.join(run_dir, "held_out_scores.jsonl")
+    with open(path, "w") as f:
+        for index, margin in zip(indices, margins):
+            f.write(json.dumps({"index": index, "margin": margin}) + "\n")
+    return path
 
 
 def read_preferences(path: str, args: Args) -> list[dict]:
