@@ -1,22 +1,29 @@
-"""Cost of one PPO-RLHF iteration of ppo_rlhf_gpt2.py at GPT-2-small size, offline, on one CPU core (or a GPU).
+"""Seconds and memory of one RLHF iteration of ppo_rlhf_gpt2.py and grpo_gpt2.py on a given architecture and device.
 
-Builds locally (no model hub) a randomly initialised GPT-2-small-sized policy (default GPT2Config, 124M
-parameters), a reward model of the same size (GPT2ForSequenceClassification), and a byte-level BPE
-tokenizer with GPT-2's vocabulary size (50257); then runs ppo_rlhf_gpt2.py on them in a subprocess with one
-thread, batch 16 x 24 new tokens, and reports the seconds of each iteration split into rollout (generation;
-reward, reference and value passes) and update, read back from the run's TensorBoard events, and the subprocess's
-peak resident memory. With --cuda the run trains on the GPU (torch still on one CPU thread), and the
-report adds the GPU's name and the most GPU memory in use while it ran (nvidia-smi, sampled every 0.5 s).
+Builds locally (no model hub) a randomly initialised policy of the chosen architecture (GPT-2-small, or the
+architectures of SmolLM2-135M and SmolLM2-1.7B: timing only, the weights are random) and a byte-level BPE tokenizer
+of its vocabulary size; then runs each chosen script on it in a subprocess with one CPU thread, and reports for
+each the seconds of an iteration split into rollout (generation; reward, reference and value passes) and update,
+read back from the run's TensorBoard events (the median over the iterations after the first, which warms up), the
+subprocess's peak resident memory and, with --cuda, the most GPU memory in use while it ran (nvidia-smi, sampled
+every 0.5 s). The scripts run with their defaults (PPO: 4 epochs x 4 minibatches; GRPO: one pass, one minibatch,
+G = 8, k3 at beta 0.04) plus --ppo-flags / --grpo-flags.
+
+Tasks: `classifier` (a GPT2ForSequenceClassification reward model of GPT-2-small's size), `vader`, and
+`arithmetic` (two-digit sums, --min-response-length 0). Score normalization is off in PPO (it samples extra
+batches before training).
 
 Usage: python benchmarks/rlhf_cost.py [--iterations 2] [--out benchmarks/results/rlhf_cost.md]
-       python benchmarks/rlhf_cost.py --cuda --batch-size 64 --num-minibatches 4 --out /tmp/rlhf_cost_gpu.md
+       python benchmarks/rlhf_cost.py --cuda --scripts ppo grpo --architecture smollm2-135m --task arithmetic \
+           --batch-size 64 --response-length 8 --iterations 5 --out benchmarks/results/rlhf_cost_gpu.md
 """
 
 import argparse
 import json
 import os
 import platform
-import resource
+import shlex
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -27,17 +34,24 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+SCRIPTS = {"ppo": "ppo_rlhf_gpt2.py", "grpo": "grpo_gpt2.py"}
+# The architectures of SmolLM2-135M and SmolLM2-1.7B (their config.json files), GPT-2-small's (GPT2Config()).
+LLAMA = {
+    "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                         num_key_value_heads=3, rope_theta=100000.0),
+    "smollm2-1.7b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=24, num_attention_heads=32,
+                         num_key_value_heads=32, rope_theta=130000.0),
+}
 
 
-def build_models(directory: Path) -> None:
-    import torch
+def build_tokenizer(vocab_size: int):
+    """A byte-level BPE trained on the prompts, then filled up with two-byte merges to vocab_size tokens (the last
+    one <|endoftext|>), so that every id a random policy samples decodes to text."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     from ppo_rlhf_gpt2 import PROMPTS
 
-    # A byte-level BPE trained on the prompts, then filled up with two-byte merges to GPT-2's 50257 tokens,
-    # so that every id the random policy samples decodes to text.
     trained = Tokenizer(models.BPE())
     trained.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     trained.train_from_iterator(PROMPTS, trainers.BpeTrainer(
@@ -48,44 +62,55 @@ def build_models(directory: Path) -> None:
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     for a in alphabet:
         for b in alphabet:
-            if len(vocab) == 50256:
+            if len(vocab) == vocab_size - 1:
                 break
             if a + b not in vocab:
                 vocab[a + b] = len(vocab)
                 merges.append((a, b))
-    vocab["<|endoftext|>"] = 50256
+    vocab["<|endoftext|>"] = vocab_size - 1
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.add_special_tokens(["<|endoftext|>"])
     hf_tokenizer = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<|endoftext|>",
                                            eos_token="<|endoftext|>", unk_token="<|endoftext|>")
-    assert len(hf_tokenizer) == 50257, len(hf_tokenizer)
+    assert len(hf_tokenizer) == vocab_size, len(hf_tokenizer)
+    return hf_tokenizer
 
+
+def build_models(directory: Path, architecture: str = "gpt2", reward_model: bool = True) -> str:
+    """Writes <directory>/policy (and <directory>/reward, GPT-2-small's size, if reward_model); returns a line
+    that names the policy's architecture and size."""
+    import torch
+    from transformers import GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    vocab_size = 50257 if architecture == "gpt2" else 49152
+    hf_tokenizer = build_tokenizer(vocab_size)
     torch.manual_seed(0)
-    policy = GPT2LMHeadModel(GPT2Config())
-    print(f"policy parameters: {sum(p.numel() for p in policy.parameters()) / 1e6:.1f}M")
+    if architecture == "gpt2":
+        policy = GPT2LMHeadModel(GPT2Config())
+    else:
+        eos = vocab_size - 1
+        policy = LlamaForCausalLM(LlamaConfig(vocab_size=vocab_size, tie_word_embeddings=True, head_dim=64,
+                                              max_position_embeddings=8192, rms_norm_eps=1e-5, bos_token_id=eos,
+                                              eos_token_id=eos, **LLAMA[architecture]))
+    size = sum(p.numel() for p in policy.parameters()) / 1e6
     policy.save_pretrained(directory / "policy")
     hf_tokenizer.save_pretrained(directory / "policy")
     del policy
-    reward_model = GPT2ForSequenceClassification(GPT2Config(num_labels=2))
-    reward_model.save_pretrained(directory / "reward")
-    hf_tokenizer.save_pretrained(directory / "reward")
+    if reward_model:
+        reward = GPT2ForSequenceClassification(GPT2Config(num_labels=2))
+        reward.save_pretrained(directory / "reward")
+        build_tokenizer(50257).save_pretrained(directory / "reward")
+    return f"{architecture} architecture, randomly initialised, {size:.1f}M parameters, vocabulary {vocab_size}"
 
 
 def read_scalars(run_dir: Path) -> dict:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    events = EventAccumulator(str(run_dir))
+    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
     events.Reload()
     return {tag: [e.value for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a running process, from /proc (Linux)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def nvidia_smi(field: str) -> str:
@@ -94,122 +119,105 @@ def nvidia_smi(field: str) -> str:
                           capture_output=True, text=True).stdout.strip()
 
 
+def command_of(script: str, models: Path, runs: Path, cli) -> list[str]:
+    """The exact command line of one timing run."""
+    task = {"classifier": ["--reward-model", str(models / "reward")], "vader": ["--reward-model", "vader"],
+            "arithmetic": ["--reward-model", "arithmetic", "--arithmetic-digits", "2", "--min-response-length", "0"]}
+    flags = {"ppo": ["--no-normalize-scores", *shlex.split(cli.ppo_flags)], "grpo": shlex.split(cli.grpo_flags)}
+    return [sys.executable, str(ROOT / SCRIPTS[script]), "--model-name", str(models / "policy"), *task[cli.task],
+            "--runs-dir", str(runs), "--num-threads", "1", "--cuda" if cli.cuda else "--no-cuda",
+            "--batch-size", str(cli.batch_size), "--response-length", str(cli.response_length),
+            "--total-episodes", str(cli.batch_size * cli.iterations), "--eval-episodes", "0", *flags[script]]
+
+
+def time_run(command: list[str], runs: Path, cuda: bool) -> dict:
+    """Runs one command; its per-iteration rollout and update seconds, peak resident memory and GPU memory."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    start = time.time()
+    process = subprocess.Popen(command, env=env)
+    gpu_used_mib = [0]  # the GPU memory in use (all processes), as sampled
+
+    def sample():
+        while process.poll() is None:
+            if cuda:
+                gpu_used_mib.append(int(nvidia_smi("memory.used") or 0))
+            time.sleep(0.5)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)
+    sampler.join()
+    if process.returncode != 0:
+        raise SystemExit(f"training failed (exit {process.returncode}): {shlex.join(command)}")
+    (run_dir,) = list(runs.iterdir())
+    scalars = read_scalars(run_dir)
+    return {"rollout": scalars["time/rollout"], "update": scalars["time/update"], "wall": time.time() - start,
+            "peak_rss_gb": usage.ru_maxrss * 1024 / 1e9, "gpu_mib": max(gpu_used_mib)}
+
+
+def summary_row(script: str, result: dict) -> str:
+    """script | rollout | update | total (medians over the iterations after the first) | memory."""
+    later = slice(1, None) if len(result["rollout"]) > 1 else slice(None)
+    rollout, update = (statistics.median(result[k][later]) for k in ("rollout", "update"))
+    gpu = f"{result['gpu_mib'] / 1024:.1f} GiB" if result["gpu_mib"] else "-"
+    return (f"| {SCRIPTS[script]} | {rollout:.2f} | {update:.2f} | {rollout + update:.2f} | "
+            f"{result['peak_rss_gb']:.2f} GB | {gpu} |")
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scripts", nargs="+", default=["ppo"], choices=list(SCRIPTS), help="the scripts to time")
+    parser.add_argument("--architecture", default="gpt2", choices=["gpt2", *LLAMA], help="the policy's architecture")
+    parser.add_argument("--task", default="classifier", choices=["classifier", "vader", "arithmetic"])
     parser.add_argument("--iterations", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--response-length", type=int, default=24)
-    parser.add_argument("--num-minibatches", type=int, default=1)
-    parser.add_argument("--gradient-accumulation-steps", type=int, default=1)
+    parser.add_argument("--ppo-flags", default="", help="more flags for ppo_rlhf_gpt2.py, in one string")
+    parser.add_argument("--grpo-flags", default="", help="more flags for grpo_gpt2.py, in one string")
     parser.add_argument("--cuda", action="store_true", help="train on the GPU (default: the CPU)")
-    parser.add_argument("--malloc-mmap-threshold", type=int, default=None,
-                        help="set glibc's MALLOC_MMAP_THRESHOLD_ for the training process (default: glibc's own)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "rlhf_cost.md"))
     parser.add_argument("--append", action="store_true", help="append the report to --out instead of replacing it")
     cli = parser.parse_args()
+    if cli.batch_size % 8 != 0:
+        raise SystemExit("error: --batch-size must be a multiple of 8 (GRPO's groups of 8, PPO's 4 minibatches)")
+    if cli.task == "classifier" and cli.architecture != "gpt2":
+        raise SystemExit("error: --task classifier needs the GPT-2 tokenizer: use --architecture gpt2, or --task "
+                         "vader / arithmetic")
 
+    rows, commands, details = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        build_models(tmp)
-        command = [
-            sys.executable, str(ROOT / "ppo_rlhf_gpt2.py"), "--model-name", str(tmp / "policy"),
-            "--reward-model", str(tmp / "reward"), "--runs-dir", str(tmp / "runs"), "--num-threads", "1",
-            "--batch-size", str(cli.batch_size), "--num-minibatches", str(cli.num_minibatches),
-            "--cuda" if cli.cuda else "--no-cuda",
-            "--gradient-accumulation-steps", str(cli.gradient_accumulation_steps),
-            "--response-length", str(cli.response_length),
-            "--total-episodes", str(cli.batch_size * cli.iterations), "--no-normalize-scores", "--eval-episodes", "0",
-        ]
-        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-        if cli.malloc_mmap_threshold is not None:
-            env["MALLOC_MMAP_THRESHOLD_"] = str(cli.malloc_mmap_threshold)
-        load_before = os.getloadavg()[0]
-        start = time.time()
-        process = subprocess.Popen(command, env=env)
-        samples = []  # (wall time, CPU seconds of the training process)
-        gpu_used_mib = [0]  # the GPU memory in use (all processes), as sampled
-
-        def sample():
-            last_gpu_sample = 0.0
-            while process.poll() is None:
-                try:
-                    samples.append((time.time(), cpu_seconds(process.pid)))
-                except (OSError, IndexError, ValueError):
-                    pass
-                if cli.cuda and time.time() - last_gpu_sample > 0.5:
-                    last_gpu_sample = time.time()
-                    gpu_used_mib.append(int(nvidia_smi("memory.used")))
-                time.sleep(0.1)
-
-        sampler = threading.Thread(target=sample)
-        sampler.start()
-        if process.wait() != 0:
-            raise SystemExit(f"training failed: {command}")
-        sampler.join()
-        wall = time.time() - start
-        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-        peak_gb = usage.ru_maxrss * 1024 / 1e9  # ru_maxrss is in KiB
-        total_cpu = usage.ru_utime + usage.ru_stime
-        load_after = os.getloadavg()[0]
-        (run_dir,) = list((tmp / "runs").iterdir())
-        scalars = read_scalars(run_dir)
-        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-        events = EventAccumulator(str(run_dir))
-        events.Reload()
-        iteration_ends = [e.wall_time for e in events.Scalars("charts/SPS")]
-
-    def cpu_at(t: float) -> float:
-        return next((c for w, c in samples if w >= t), samples[-1][1])
-
-    if cli.cuda:
-        device_line = (f"Device: {nvidia_smi('name')} (--cuda); most GPU memory in use while it ran: "
-                       f"{max(gpu_used_mib)} MiB.")
-    else:
-        device_line = "Device: the CPU (--no-cuda)."
-    rows = []
-    for i in range(cli.iterations):
-        rollout, update = (scalars[f"time/{k}"][i] for k in ("rollout", "update"))
-        total = rollout + update
-        if i == 0:  # the first iteration's start is not logged: no CPU measurement
-            cpu_cells = "| - | - | - | - |"
-        else:
-            cpu = cpu_at(iteration_ends[i]) - cpu_at(iteration_ends[i - 1])
-            wall_i = iteration_ends[i] - iteration_ends[i - 1]
-            share = cpu / wall_i
-            cpu_cells = f"| {cpu:.2f} | {100 * share:.0f}% | {rollout * share:.2f} | {update * share:.2f} |"
-        rows.append(f"| {i + 1} | {rollout:.2f} | {update:.2f} | {total:.2f} {cpu_cells}")
+        model_line = build_models(tmp, cli.architecture, reward_model=cli.task == "classifier")
+        for script in cli.scripts:
+            runs = tmp / f"runs_{script}"
+            command = command_of(script, tmp, runs, cli)
+            commands.append(shlex.join(["python", *command[1:]]).replace(str(tmp), "MODELS").replace(str(ROOT) + "/", ""))
+            result = time_run(command, runs, cli.cuda)
+            rows.append(summary_row(script, result))
+            print(rows[-1], flush=True)
+            details.append(f"- {SCRIPTS[script]}, per iteration: rollout "
+                           f"{', '.join(f'{x:.2f}' for x in result['rollout'])}; update "
+                           f"{', '.join(f'{x:.2f}' for x in result['update'])}; the whole process {result['wall']:.0f} s")
+    device = f"{nvidia_smi('name')} (--cuda)" if cli.cuda else "the CPU (--no-cuda)"
     report = "\n".join([
-        "# Cost of one PPO-RLHF iteration (ppo_rlhf_gpt2.py)",
+        f"## {cli.architecture}, {cli.task}, batch {cli.batch_size} x {cli.response_length} tokens",
         "",
         f"Command: `python benchmarks/rlhf_cost.py {' '.join(sys.argv[1:])}`",
         "",
-        f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores visible, torch on 1 thread "
-        f"(OMP_NUM_THREADS=1, --num-threads 1); measured {time.strftime('%Y-%m-%d %H:%M')}.",
-        device_line,
-        "Models: randomly initialised policy with the default GPT2Config (124M parameters), reference copy, value "
-        "model (copy of the backbone + scalar head), reward model GPT2ForSequenceClassification of the same size; "
-        "one Adam over policy and value model; fp32.",
-        f"Run: batch {cli.batch_size} x {cli.response_length} new tokens, 4 PPO epochs, {cli.num_minibatches} "
-        f"minibatch(es) of {cli.batch_size // cli.num_minibatches}, each in {cli.gradient_accumulation_steps} "
-        "micro-batch(es), score normalization off (it samples "
-        "extra batches before training). glibc MALLOC_MMAP_THRESHOLD_: "
-        f"{cli.malloc_mmap_threshold if cli.malloc_mmap_threshold is not None else 'default (dynamic)'}.",
+        f"Device: {device}; {platform.machine()}, {os.cpu_count()} cores visible, torch {__import__('torch').__version__} "
+        f"on 1 CPU thread; measured {time.strftime('%Y-%m-%d %H:%M')}. Policy: {model_line}; fp32.",
+        "Runs (MODELS: the folder of the built models):",
+        *[f"- `{c}`" for c in commands],
         "",
-        "Wall-clock seconds per phase (from the run's TensorBoard `time/*` scalars), then the CPU seconds the "
-        "process used between the ends of two iterations (sampled from /proc every 0.1 s), its share of one core, "
-        "and the phases rescaled by that share: an estimate of the seconds on a dedicated core.",
+        "Seconds per iteration (medians over the iterations after the first), the process's peak resident memory, "
+        "and the most GPU memory in use while it ran (nvidia-smi, all processes, CUDA context included).",
         "",
-        "| iteration | rollout s (generation; reward, reference and value passes) | update s | total s "
-        "| CPU s | core share | rollout CPU s (est.) | update CPU s (est.) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| script | rollout s | update s | total s | peak RSS | most GPU memory |",
+        "|---|---|---|---|---|---|",
         *rows,
         "",
-        f"Peak resident memory of the training process (loading included): {peak_gb:.2f} GB.",
-        f"Whole training subprocess (imports, loading, {cli.iterations} iterations): {wall:.1f} s wall, {total_cpu:.1f} s "
-        f"CPU ({100 * total_cpu / wall:.0f}% of one core; 1-minute load average {load_before:.1f} before, "
-        f"{load_after:.1f} after, on {os.cpu_count()} cores). The seconds in the table are wall-clock: where the "
-        "process got less than a whole core, they overstate the cost on a dedicated core by about that share.",
+        *details,
         "",
     ])
     print(report)

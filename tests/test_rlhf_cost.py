@@ -1,0 +1,77 @@
+"""Tests of benchmarks/rlhf_cost.py without timing anything: the command each script gets, the row it reports
+(medians after the first iteration, worked out by hand), the tokenizer it builds, and its argument errors."""
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load():
+    spec = importlib.util.spec_from_file_location("rlhf_cost", ROOT / "benchmarks" / "rlhf_cost.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def flag(command: list[str], name: str) -> str:
+    return command[command.index(name) + 1]
+
+
+def test_each_script_gets_the_task_the_sizes_and_its_own_flags():
+    cost = load()
+    cli = SimpleNamespace(task="arithmetic", cuda=True, batch_size=64, response_length=8, iterations=5,
+                          ppo_flags="--update-epochs 2", grpo_flags="--beta 0 --num-minibatches 4")
+    models, runs = Path("/m"), Path("/r")
+    ppo, grpo = (cost.command_of(script, models, runs, cli) for script in ("ppo", "grpo"))
+    assert ppo[1].endswith("ppo_rlhf_gpt2.py") and grpo[1].endswith("grpo_gpt2.py")
+    for command in (ppo, grpo):
+        assert flag(command, "--model-name") == "/m/policy" and flag(command, "--reward-model") == "arithmetic"
+        assert flag(command, "--arithmetic-digits") == "2" and flag(command, "--min-response-length") == "0"
+        assert flag(command, "--batch-size") == "64" and flag(command, "--response-length") == "8"
+        assert flag(command, "--total-episodes") == "320" and flag(command, "--eval-episodes") == "0"
+        assert "--cuda" in command and "--no-cuda" not in command and flag(command, "--num-threads") == "1"
+    # score normalization (extra batches before training) only exists in PPO; each script its own flags
+    assert "--no-normalize-scores" in ppo and "--no-normalize-scores" not in grpo
+    assert flag(ppo, "--update-epochs") == "2" and "--beta" not in ppo
+    assert flag(grpo, "--beta") == "0" and flag(grpo, "--num-minibatches") == "4" and "--update-epochs" not in grpo
+    cli.task, cli.cuda = "classifier", False
+    assert flag(cost.command_of("ppo", models, runs, cli), "--reward-model") == "/m/reward"
+    assert "--no-cuda" in cost.command_of("grpo", models, runs, cli)
+    cli.task = "vader"
+    vader = cost.command_of("grpo", models, runs, cli)
+    assert flag(vader, "--reward-model") == "vader" and "--min-response-length" not in vader
+
+
+def test_the_row_is_the_median_of_the_iterations_after_the_first():
+    cost = load()
+    result = {"rollout": [9.0, 1.0, 3.0, 2.0], "update": [50.0, 4.0, 6.0, 8.0], "peak_rss_gb": 3.456,
+              "gpu_mib": 2048}
+    # medians of [1, 3, 2] and [4, 6, 8]: 2 and 6, total 8; 2048 MiB = 2.0 GiB
+    assert cost.summary_row("grpo", result) == "| grpo_gpt2.py | 2.00 | 6.00 | 8.00 | 3.46 GB | 2.0 GiB |"
+    one = {"rollout": [5.0], "update": [7.0], "peak_rss_gb": 1.0, "gpu_mib": 0}  # one iteration: itself, no GPU
+    assert cost.summary_row("ppo", one) == "| ppo_rlhf_gpt2.py | 5.00 | 7.00 | 12.00 | 1.00 GB | - |"
+
+
+def test_the_tokenizer_covers_the_vocabulary_and_ends_with_its_eos():
+    cost = load()
+    tokenizer = cost.build_tokenizer(2000)
+    assert len(tokenizer) == 2000 and tokenizer.eos_token_id == 1999
+    text = "What is 27 + 30? The answer is 57."
+    assert tokenizer.decode(tokenizer.encode(text)) == text
+    assert all(isinstance(tokenizer.decode([i]), str) for i in range(2000))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--batch-size", "12"], "--batch-size must be a multiple of 8"),
+    (["--architecture", "smollm2-135m"], "--task classifier needs the GPT-2 tokenizer"),
+])
+def test_bad_arguments_fail_before_any_model_is_built(argv, message):
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "rlhf_cost.py"), *argv], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode != 0 and message in result.stderr
