@@ -1,23 +1,27 @@
-"""PPO against GRPO at an equal budget of sampled completions, on two-digit sums (issue 39).
+"""PPO against GRPO and RLOO at an equal budget of sampled completions, on two-digit sums.
 
 The task is `--reward-model arithmetic --arithmetic-digits 2`: "What is 27 + 30? The answer is", +1 if the
 first number of the response is the sum, else -1, on SmolLM2-135M-Instruct. Every method gets the same model,
 temperature (0.7), response length (8 tokens), stop token (".") and number of sampled completions
 (--total-episodes), and is evaluated the same way: held-out accuracy on 256 distinct held-out problems, one
 sampled response each, every 2 iterations of 64 completions. The methods (METHODS below, the exact flags):
-    ppo:     ppo_rlhf_gpt2.py with the flags of docs/results/rlhf_arithmetic.md (its defaults otherwise)
-    grpo:    grpo_gpt2.py with its defaults: the original GRPO (per-response mean, std scaling, k3 at 0.04)
-    dr_grpo: grpo_gpt2.py --loss-type dr_grpo --scale-rewards none --beta 0 (no reference model)
-    grpo_ppo_update: GRPO's defaults with PPO's update: --num-iterations 4 --num-minibatches 4, lr 1.41e-5
+    ppo:        ppo_rlhf_gpt2.py with the flags of docs/results/rlhf_arithmetic.md (its defaults otherwise)
+    grpo:       grpo_gpt2.py with its defaults: the original GRPO (per-response mean, std scaling, k3 at 0.04)
+    dr_grpo:    grpo_gpt2.py --loss-type dr_grpo --scale-rewards none --beta 0 (no reference model)
+    grpo_ppo_update: GRPO's defaults with PPO's update: --update-epochs 4 --num-minibatches 4, lr 1.41e-5
+    grpo_tuned, rloo: the GRPO schedule and the RLOO run that the tuning runs chose (TUNING, its rule below)
 
-Each run is the script itself in a subprocess (one torch thread), so that its peak resident memory is its own
-(os.wait4); runs go side by side, --jobs at a time, so that their wall-clock times compare. Subcommands:
-    python experiments/ppo_vs_grpo.py run --methods ppo grpo dr_grpo --seeds 1 2 3 --jobs 2
-    python experiments/ppo_vs_grpo.py report
-`run` appends one record a run (method, seed, command, run folder, peak memory, wall-clock) to
-<runs>/records.jsonl and skips the (method, seed) pairs recorded there already; `report` reads the records and
-each run's TensorBoard log and writes docs/results/ppo_vs_grpo.{md,png,json} (--out sets the prefix). A
-hand-written reading below a line `<!-- reading -->` in the .md is kept.
+Each run is the script itself in a subprocess (one torch thread), so that its peak resident memory and CPU
+seconds are its own (os.wait4); runs go side by side, --jobs at a time, so that their wall-clock times compare.
+Subcommands:
+    python experiments/ppo_vs_grpo.py tune --jobs 2            # TUNING, on the validation split, one seed
+    python experiments/ppo_vs_grpo.py run --methods ppo grpo_tuned rloo --seeds 1 2 3 4 5 6 --jobs 2
+    python experiments/ppo_vs_grpo.py report [--earlier docs/results/ppo_vs_grpo_earlier.json]
+`run` and `tune` append one record a run (method, seed, command, run folder, peak memory, wall-clock and CPU
+seconds) to <runs>/records.jsonl and skip the runs recorded there already; `report` reads the records and each
+run's TensorBoard log and writes docs/results/ppo_vs_grpo.{md,png,json} (--out sets the prefix), with the tuning
+runs' table. A hand-written summary above a line `<!-- generated -->` and a reading below a line
+`<!-- reading -->` are kept.
 """
 
 import argparse
@@ -364,6 +368,8 @@ def write_report(methods: dict, out: Path, tuning: list[dict] = ()) -> str:
     md = Path(f"{out}.md")
     if md.exists() and "<!-- reading -->" in md.read_text():
         text += "\n<!-- reading -->" + md.read_text().split("<!-- reading -->", 1)[1]
+    if md.exists() and "<!-- generated -->" in md.read_text():  # a hand-written summary above the tables is kept
+        text = md.read_text().split("<!-- generated -->", 1)[0] + "<!-- generated -->\n" + text
     md.write_text(text)
     Path(f"{out}.json").write_text(json.dumps({k: v for k, v in methods.items() if not k.startswith("earlier:")},
                                               indent=1))

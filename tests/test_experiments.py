@@ -633,7 +633,11 @@ def test_ppo_vs_grpo_report_from_fake_runs(tmp_path):
     # S4 c is within a point of S16 b's 52% and takes fewer steps; rloo S1's 45% is 2 points below S4's 47%
     assert pvg.choose(tuning, "grpo") == "grpo S4 c" and pvg.choose(tuning, "rloo") == "rloo S4 e"
     assert tuning[0]["train_s"] == 60.0 and np.isnan(tuning[0]["kl"])
+    # a hand-written summary above <!-- generated --> and a reading below <!-- reading --> are kept, the rest rewritten
+    (tmp_path / "page.md").write_text("# Summary\nwhat holds\n<!-- generated -->\nold tables\n<!-- reading -->\nread\n")
     text = pvg.write_report(methods, tmp_path / "page", tuning)
+    assert text.startswith("# Summary\nwhat holds\n<!-- generated -->\n# PPO against GRPO")
+    assert "old tables" not in text and text.endswith("<!-- reading -->\nread\n") and text.count("what holds") == 1
     assert "| GRPO, tuned schedule | 1 | 10.0% | 40.0% |" in text
     # 3 seeds: t with 2 degrees of freedom, 4.303 * 0.1 / sqrt(3) = 24.8 points
     assert "| PPO | mean ± 95% | 10.0% ± 0.0% | 60.0% ± 24.8% |" in text
