@@ -72,8 +72,6 @@ TUNING = {
     "grpo S4 lr1e-5": f"grpo_gpt2.py {MB} 4 --beta 0 --learning-rate 1e-5",
     "grpo S16 lr1.5e-6": f"grpo_gpt2.py {MB} 16 --beta 0 --learning-rate 1.5e-6",
     "grpo S8 (2 passes) lr5e-6": f"grpo_gpt2.py {MB} 4 --update-epochs 2 --beta 0 --learning-rate 5e-6",
-    "grpo S4 lr1e-5 corrected k3 0.04": f"grpo_gpt2.py {MB} 4 --use-bias-correction-kl --learning-rate 1e-5",
-    "rloo S4 lr5e-6": f"grpo_gpt2.py --advantage rloo {MB} 4 --beta 0 --learning-rate 5e-6",
 }
 TUNING_COMMON = COMMON.replace("--eval-every 2", "--eval-every 0") + " --eval-split validation"
 TUNING_SEED = 100
