@@ -9,11 +9,13 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import a2c
+import dpo_gpt2 as dpo
 import grpo_gpt2 as grpo
 import ppo_cartpole
 import ppo_rlhf_gpt2 as rlhf
 import ppo_walker2d
 import reinforce
+from test_dpo_gpt2 import tiny_args as dpo_tiny_args
 from test_grpo_gpt2 import tiny_args as grpo_tiny_args
 from test_ppo_rlhf_gpt2 import tiny_args
 
@@ -87,3 +89,19 @@ def test_grpo_trains_on_the_gpu_and_its_saved_policy_loads_on_the_cpu(tiny, tmp_
     initial = AutoModelForCausalLM.from_pretrained(tiny["policy"])
     assert next(saved.parameters()).device.type == "cpu"
     assert any(not torch.equal(p, q) for p, q in zip(saved.parameters(), initial.parameters()))
+
+
+def test_dpo_trains_on_the_gpu_and_its_saved_policy_loads_on_the_cpu(tiny, tmp_path):
+    """DPO on the GPU: the reference's log-probs, the training steps and the held-out evaluation there; the saved
+    policy moved, loads on the CPU, and ppo_rlhf_gpt2.py --eval-checkpoint scores it on the CPU."""
+    args = dpo_tiny_args(tiny, tmp_path, cuda=True, save_model=True, num_epochs=2, eval_every=2, eval_episodes=5,
+                         gold="length")
+    result = on_the_gpu(lambda: dpo.main(args))
+    assert result["eval_accuracy"] > 0.5 and np.isfinite(result["eval_kl_mean"])
+    saved = AutoModelForCausalLM.from_pretrained(result["model_path"])
+    initial = AutoModelForCausalLM.from_pretrained(tiny["policy"])
+    assert next(saved.parameters()).device.type == "cpu"
+    assert any(not torch.equal(p, q) for p, q in zip(saved.parameters(), initial.parameters()))
+    final = rlhf.main(rlhf.Args(eval_checkpoint=result["model_path"], reward_model="length", eval_episodes=4,
+                                cuda=False))["eval"]["final"]
+    assert len(final["raw_scores"]) == 4 and np.isfinite(final["raw_score_mean"])
