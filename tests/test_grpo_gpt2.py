@@ -796,7 +796,7 @@ def run_script(root: Path, name: str, flags: list, processes: int):
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                                start_new_session=True)
     try:
-        stdout, stderr = process.communicate(timeout=180)
+        stdout, stderr = process.communicate(timeout=600)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         raise
