@@ -53,7 +53,7 @@ METHODS = {
     "grpo_ppo_update": "grpo_gpt2.py --update-epochs 4 --num-minibatches 4 --gradient-accumulation-steps 1 "
                        "--learning-rate 1.41e-5",
     # the best GRPO schedule and the better RLOO of the tuning runs (TUNING, chosen by the rule of `tune`)
-    "grpo_tuned": "grpo_gpt2.py --num-minibatches 16 --gradient-accumulation-steps 1 --beta 0 --learning-rate 3e-6",
+    "grpo_tuned": "grpo_gpt2.py --gradient-accumulation-steps 1 --num-minibatches 16 --beta 0 --learning-rate 1e-5",
     "rloo": "grpo_gpt2.py --advantage rloo --beta 0",
 }
 LABELS = {"ppo": "PPO", "grpo": "GRPO", "dr_grpo": "Dr. GRPO", "grpo_ppo_update": "GRPO, PPO's update",
