@@ -3,8 +3,8 @@
 The commands are read from the documents themselves (code blocks and `inline code` that start with `python`
 or `torchrun`), so a documented command cannot crash unnoticed. Each call of an algorithm script, written
 directly or inside a tool that passes flags on (`benchmarks/rlhf_real_lm.py OUT -- FLAGS`,
-`experiments/rlhf_overoptimization.py --ppo-flags=FLAGS`, `experiments/ppo_vs_grpo.py run`), is parsed by the
-script's own `Args` and run with its flags as written, except that models are swapped for the tiny ones of
+`experiments/rlhf_overoptimization.py --ppo-flags=FLAGS`, `experiments/ppo_vs_grpo.py run` and `tune`), is parsed by
+the script's own `Args` and run with its flags as written, except that models are swapped for the tiny ones of
 conftest.py and the budget is cut to one iteration (flags a user passes stay as they are: a wrong flag or a
 flag value the script rejects fails here). Commands of the other tools must be named in TOOLS with the reason
 they are not run here.
@@ -86,8 +86,11 @@ def script_calls(command: str):
     if program == "experiments/rlhf_overoptimization.py" and flags[0] != "report":
         ppo_flags = [f.split("=", 1)[1] for f in flags if f.startswith("--ppo-flags=")]
         return [("ppo_rlhf_gpt2.py", shlex.split(ppo_flags[0]))], None
-    if program == "experiments/ppo_vs_grpo.py" and flags[0] == "run":
+    if program == "experiments/ppo_vs_grpo.py" and flags[0] in ("run", "tune"):
         harness = load_experiment("ppo_vs_grpo")
+        if flags[0] == "tune":
+            return [(c[1], c[2:]) for c in (harness.command_of(m, 1, "runs", harness.TUNING_COMMON, harness.TUNING)
+                                             for m in harness.TUNING)], None
         return [(c[1], c[2:]) for c in (harness.command_of(m, 1, "runs") for m in harness.METHODS)], None
     tool = " ".join(words[1:3]) if words[1] in ("-m", "-c") or program.startswith("experiments/") else program
     return [], next((t for t in TOOLS if tool.startswith(t) or words[1] == t), tool)
