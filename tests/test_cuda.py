@@ -15,6 +15,8 @@ import ppo_cartpole
 import ppo_rlhf_gpt2 as rlhf
 import ppo_walker2d
 import reinforce
+from test_dpo_gpt2 import comparisons_of
+from test_dpo_gpt2 import read_scalars as dpo_read_scalars
 from test_dpo_gpt2 import tiny_args as dpo_tiny_args
 from test_grpo_gpt2 import tiny_args as grpo_tiny_args
 from test_ppo_rlhf_gpt2 import tiny_args
@@ -91,17 +93,28 @@ def test_grpo_trains_on_the_gpu_and_its_saved_policy_loads_on_the_cpu(tiny, tmp_
     assert any(not torch.equal(p, q) for p, q in zip(saved.parameters(), initial.parameters()))
 
 
-def test_dpo_trains_on_the_gpu_and_its_saved_policy_loads_on_the_cpu(tiny, tmp_path):
-    """DPO on the GPU: the reference's log-probs, the training steps and the held-out evaluation there; the saved
-    policy moved, loads on the CPU, and ppo_rlhf_gpt2.py --eval-checkpoint scores it on the CPU."""
-    args = dpo_tiny_args(tiny, tmp_path, cuda=True, save_model=True, num_epochs=2, eval_every=2, eval_episodes=5,
-                         gold="length")
+@pytest.mark.parametrize("loss_type", ["sigmoid", "ipo"])
+def test_dpo_trains_on_the_gpu_and_its_saved_policy_loads_on_the_cpu(tiny, tmp_path, loss_type):
+    args = dpo_tiny_args(tiny, tmp_path, cuda=True, save_model=True, loss_type=loss_type, eval_episodes=6,
+                         gold="vader")
     result = on_the_gpu(lambda: dpo.main(args))
-    assert result["eval_accuracy"] > 0.5 and np.isfinite(result["eval_kl_mean"])
+    scalars = dpo_read_scalars(result["run_dir"])
+    # before the first step the policy is the reference, on the GPU too: every margin 0, the KL exactly 0
+    assert scalars["eval/accuracy"][0][1] == 0.5 and scalars["eval/kl"][0][1] == 0.0
+    for key in ("eval_accuracy", "eval_accuracy_stderr", "eval_kl_mean", "eval_gold_scores_mean"):
+        assert np.isfinite(result[key]), key
+    assert result["eval_margins_mean"] > 0  # the held-out chosen responses gained on the rejected ones
     saved = AutoModelForCausalLM.from_pretrained(result["model_path"])
     initial = AutoModelForCausalLM.from_pretrained(tiny["policy"])
     assert next(saved.parameters()).device.type == "cpu"
     assert any(not torch.equal(p, q) for p, q in zip(saved.parameters(), initial.parameters()))
-    final = rlhf.main(rlhf.Args(eval_checkpoint=result["model_path"], reward_model="length", eval_episodes=4,
-                                cuda=False))["eval"]["final"]
-    assert len(final["raw_scores"]) == 4 and np.isfinite(final["raw_score_mean"])
+    # the reference's log-probs on the GPU are the CPU's, and the saved policy is scored on either device
+    tokenizer, _ = dpo.load_tokenizer(tiny["policy"], ".")
+    comparisons = comparisons_of(rlhf.PROMPTS[:3])
+    on = {device: dpo.logps_in_chunks(dpo.load_policy(tiny["policy"], torch.device(device)), tokenizer,
+                                      comparisons, args, torch.device(device)).cpu() for device in ("cpu", "cuda")}
+    torch.testing.assert_close(on["cuda"], on["cpu"], atol=1e-4, rtol=1e-4)
+    for cuda in (True, False):
+        evaluated = rlhf.main(rlhf.Args(eval_checkpoint=result["model_path"], reward_model="vader",
+                                        eval_episodes=4, cuda=cuda))
+        assert np.isfinite(evaluated["eval"]["final"]["raw_score_mean"])
