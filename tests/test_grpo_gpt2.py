@@ -559,6 +559,44 @@ def test_the_kl_term_alone_pulls_the_moved_policy_back_with_a_gradient_linear_in
     assert norms[1.0][1] == pytest.approx(2 * norms[0.5][1], rel=1e-3)
 
 
+@pytest.mark.parametrize("beta", [0.5, 0.0])
+def test_the_kl_term_enters_the_loss_with_its_sign_and_beta(tiny, tmp_path, monkeypatch, beta):
+    """The direction, which a test of gradient sizes cannot see. Every response scores alike (all advantages 0)
+    and the KL estimate is replaced by the new log-prob itself, so main()'s loss is beta * aggregate(log pi of
+    the sampled tokens): one step must lower those log-probs (a minus sign in main() would raise them), and at
+    beta 0 leave the policy as it was. k3's own direction is tested by hand above."""
+    monkeypatch.setattr(grpo, "k3_kl", lambda newlogprob, ref_logprobs, ratio=None: newlogprob)
+    monkeypatch.setattr(grpo, "load_reward_fn", lambda args, device: lambda texts, responses: torch.ones(len(texts)))
+    sampled, real_sample_and_score = [], grpo.sample_and_score
+
+    def recording(policy, queries, *rest, **kw):
+        out = real_sample_and_score(policy, queries, *rest, **kw)
+        sampled.append((queries.clone(), out[0].clone(), out[2].clone()))
+        return out
+
+    monkeypatch.setattr(grpo, "sample_and_score", recording)
+    args = tiny_args(tiny, tmp_path, beta=beta, learning_rate=1e-3, total_episodes=8, save_model=True,
+                     missing_eos_penalty=None)
+    result = grpo.main(args)
+    assert result["val/zero_advantage_groups"] == 1.0
+    (queries, responses, mask), = sampled
+    tokenizer, pad_token_id, _ = grpo.load_tokenizer(tiny["policy"], ".")
+
+    def summed_logprob(model) -> float:  # log pi of the sampled tokens, summed over the real ones
+        with torch.no_grad():
+            logits = grpo.response_logits(model, torch.cat([queries, responses], 1), queries.shape[1],
+                                          args.temperature, pad_token_id)
+            logprobs = grpo.gather_logprobs(logits, responses.masked_fill(~mask, 0))
+        return logprobs[mask].sum().item()
+
+    before = summed_logprob(AutoModelForCausalLM.from_pretrained(tiny["policy"]).eval())
+    after = summed_logprob(AutoModelForCausalLM.from_pretrained(os.path.join(result["run_dir"], "model")).eval())
+    if beta > 0:
+        assert after < before - 1e-3
+    else:
+        assert after == pytest.approx(before, abs=1e-5)
+
+
 def test_held_out_means_and_standard_errors_are_over_prompts(tiny, tmp_path, monkeypatch):
     """20 held-out responses to 16 prompts: the 4 prompts asked twice count once, with their mean, and the
     standard error is over the 16 prompts, not the 20 responses (worked out here from the samples)."""

@@ -6,6 +6,12 @@ were to catch them (issue 41), after the first tests of the file (issue 39)."""
 TEST_FILE = "tests/test_grpo_gpt2.py"
 
 MUTANTS = [
+    ("issue48: the KL term subtracted from the loss (pushes the policy away from the reference)",
+     'loss = losses["policy_loss"] + args.beta * losses.get("kl", 0.0)',
+     'loss = losses["policy_loss"] - args.beta * losses.get("kl", 0.0)'),
+    ("issue48: the KL term weighted by --clip-coef, not --beta",
+     'loss = losses["policy_loss"] + args.beta * losses.get("kl", 0.0)',
+     'loss = losses["policy_loss"] + args.clip_coef * losses.get("kl", 0.0)'),
     ("issue41: the ratio taken against the new log-probs, detached (ratio 1 in every pass and minibatch)",
      "token_pg_loss, ratio, logratio = policy_loss(newlogprob, logprobs[micro_inds],",
      "token_pg_loss, ratio, logratio = policy_loss(newlogprob, newlogprob.detach(),"),
