@@ -42,7 +42,8 @@ Implementation details; numbers as in ppo_rlhf_gpt2.py and reward_model_gpt2.py,
     policy that is sampled, against the reference that sampled a --gold file (--temperature 1: the paper's).
 28. Dropout off: eval mode, also while training (the reference's numbers depend on no dropout draw).
 37. Chosen and rejected responses in one forward pass; the loss averaged over pairs.
-39. reward_model_gpt2.py's seeded held-out split by prompt: the same flags hold out the same comparisons.
+39. reward_model_gpt2.py's seeded held-out split by prompt: the same flags hold out the same comparisons;
+    --split-seed keeps one split while --seed varies the rest.
 40. The whole model trained, one epoch by default.
 41. The reference is the policy before its first step: its log-probs of every response are computed once,
     in chunks without gradients, before training, so no second model is in memory while training. The
@@ -89,6 +90,7 @@ class Args:
     # data
     preferences: str | None = None  # a JSONL file of comparisons, {"prompt", "chosen", "rejected"} a line
     eval_fraction: float = 0.1  # share of the distinct prompts held out with all their comparisons (seeded)
+    split_seed: int | None = None  # seed of that split (None: --seed): seeds of DPO on one reward model's split
     gold: str | None = None  # scores held-out samples: `vader`, `length`, a classifier folder (None: KL only)
     gold_label: int = 1  # --gold FOLDER: the classifier's logit used as the gold score (one label: it)
 
@@ -258,8 +260,9 @@ def main(args: Args) -> dict:
     device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
     run_dir = os.path.join(args.runs_dir, f"{args.exp_name}__{args.seed}__{int(time.time())}")
     tokenizer, stop_token_id = load_tokenizer(args.model_name, args.stop_token, args.append_eos)
+    split_seed = args.seed if args.split_seed is None else args.split_seed
     train_indices, eval_indices = split_comparisons([c["prompt"] for c in comparisons], args.eval_fraction,
-                                                    args.seed)  # detail 39
+                                                    split_seed)  # detail 39
     train_set, eval_set = [comparisons[i] for i in train_indices], [comparisons[i] for i in eval_indices]
     eval_prompts = list(dict.fromkeys(c["prompt"] for c in eval_set))  # never trained on
     has_gold = all("gold_chosen" in c and "gold_rejected" in c for c in eval_set)

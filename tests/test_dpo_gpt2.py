@@ -255,6 +255,16 @@ def test_main_logs_trl_s_names_and_scores_the_split_of_reward_model_gpt2(tiny, t
     assert result["eval_gold_scores_mean"] > 0  # length: every response has characters
 
 
+def test_split_seed_keeps_one_split_while_the_seed_varies(tiny, tmp_path):
+    args = tiny_args(tiny, tmp_path, seed=2, split_seed=1, batch_size=6, gradient_accumulation_steps=1)
+    prompts = [json.loads(line)["prompt"] for line in Path(args.preferences).read_text().splitlines()]
+    own, kept = rm.split_comparisons(prompts, 0.25, 2)[1], rm.split_comparisons(prompts, 0.25, 1)[1]
+    assert own != kept  # seed 2 alone would hold out other prompts
+    result = dpo.main(args)
+    scores = [json.loads(line) for line in Path(result["held_out_scores"]).read_text().splitlines()]
+    assert [s["index"] for s in scores] == kept
+
+
 def test_the_reference_is_computed_once_and_training_does_not_change_it(tiny, tmp_path, monkeypatch):
     """The reference log-probs the loss receives at every step are those of the initial model, computed one
     text at a time by hand, also after the policy moved; and no second model is loaded (--eval-episodes 0)."""
