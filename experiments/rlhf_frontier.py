@@ -1,0 +1,480 @@
+"""The reward-KL frontier of DPO, PPO and GRPO on a learned reward model, PPO on the gold, and best-of-n.
+
+The DPO paper's figure (Rafailov et al. 2023, arXiv:2305.18290, its Figure 2) at this project's scale: from one
+file of comparisons labeled by a gold scorer, which method buys the most gold for a given KL to the initial
+policy? Every method starts from --model-name and sees the same comparisons, directly (dpo_gpt2.py) or through
+the reward model learned from them (reward_model_gpt2.py, then ppo_rlhf_gpt2.py or grpo_gpt2.py); PPO on the gold
+itself shows what the reward model stands in for, best-of-n on the reward model the frontier with no training.
+
+One evaluation for every method (`measure`): --samples-per-prompt responses to each of --num-prompts held-out
+prompts (the 64 openings of rlhf_overoptimization.py, which no method trains on: the preference file's prompts
+are ppo_rlhf_gpt2.PROMPTS), sampled as the RL files sample (dpo_gpt2.generate: temperature, response length,
+stop-token truncation), from one seeded random stream (every point draws the same random numbers); the gold score
+of prompt + response and the sequence-level KL to the initial policy estimated from the sampled tokens,
+sum_t log pi(y_t) - log pi_ref(y_t) (k1); means over prompts of each prompt's mean, standard errors over prompts.
+The scripts run unchanged in this process; their own held-out evaluation (ppo_rlhf_gpt2.evaluate,
+grpo_gpt2.evaluate, dpo_gpt2.evaluate_samples) is replaced for the run by `measure`, so each run is measured at
+its --eval-every points (its first call, at step 0, is the initial policy: the point all runs share). CPU time:
+process time of the run minus that of `measure`. Best-of-n: N responses per prompt from the initial policy, the
+reward model's best of n (expected over all n-subsets, rlhf_overoptimization.best_of_n), its KL the upper bound
+log n - (n - 1) / n.
+
+Reading the frontier: each run's gold at KL 1, 3 and 6 nats, interpolated linearly between its first point at
+or past the KL and the one before (a run that never reaches it has no value there); over seeds, the mean and a
+95% t-interval. Best-of-n's interval is over prompts (it trains nothing, no seed).
+
+Usage (from the repository root; each step skips the runs whose record exists, so it can span sittings):
+    python experiments/rlhf_frontier.py reward-model --preferences vader_2000.jsonl
+    python experiments/rlhf_frontier.py run --preferences vader_2000.jsonl --methods dpo ppo --seeds 1 2 3
+    python experiments/rlhf_frontier.py report
+Records go to --runs (experiments/runs/rlhf_frontier/<method>/<setting>__<seed>.json); the report writes
+docs/results/rlhf_frontier.{md,png}, keeping what is above a line `<!-- generated -->` in the page.
+"""
+
+import contextlib
+import dataclasses
+import glob
+import json
+import math
+import os
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Annotated, Union
+
+import numpy as np
+import torch
+import tyro
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "experiments")]
+import dpo_gpt2 as dpo  # noqa: E402
+import grpo_gpt2 as grpo  # noqa: E402
+import ppo_rlhf_gpt2 as rlhf  # noqa: E402
+import reward_model_gpt2 as rm  # noqa: E402
+import rlhf_overoptimization as overopt  # noqa: E402  (the best-of-n math and the held-out prompts)
+from ppo_vs_grpo import T_975  # noqa: E402  (Student's t quantiles)
+
+KL_TARGETS = (1.0, 3.0, 6.0)
+# The schedule of the RL runs: 20 iterations of 64 responses, 4 minibatch steps each, one epoch, lr 5e-5 (the
+# PPO settings of docs/results/ppo_rlhf_gpt2.md; ppo_rlhf_gpt2.py's defaults take hours a run on a CPU), GRPO
+# on the same schedule, so that the methods differ and the update schedule does not.
+RL = "--total-episodes 1280 --batch-size 64 --num-minibatches 4 --update-epochs 1 --learning-rate 5e-5 --eval-every 4"
+# method: (script, {setting: flags}); {rm} is the reward model's folder, {prefs} the preference file
+METHODS = {
+    "dpo": (dpo, {f"beta {b}": f"--beta {b} --preferences {{prefs}} --eval-fraction 0.2 --split-seed 1 "
+                  "--eval-every 13" for b in ("0.03", "0.1", "0.3")}),
+    "ppo": (rlhf, {f"kl_coef {k}": f"--reward-model {{rm}} --kl-coef {k} --kl-target None {RL}"
+                   for k in ("0.01", "0.05")}),
+    "grpo": (grpo, {f"beta {b}": f"--reward-model {{rm}} --beta {b} {RL}" for b in ("0.04", "0.2")}),
+    "ppo_gold": (rlhf, {"kl_coef 0.05": f"--reward-model vader --kl-coef 0.05 --kl-target None {RL}"}),
+}
+MEASURED = {dpo: "evaluate_samples", rlhf: "evaluate", grpo: "evaluate"}  # the evaluation each script calls
+BEST_OF_N = "best_of_n"
+
+
+@dataclass
+class Common:
+    runs: str = "experiments/runs/rlhf_frontier"
+    """where the records go (relative to the repository root)"""
+    model_name: str = "models/smollm2-135m"
+    """the initial policy and reference of every method"""
+    num_prompts: int = 64
+    """held-out prompts, cycled from rlhf_overoptimization's 64 (EVAL_PROMPTS + MORE_EVAL_PROMPTS)"""
+    samples_per_prompt: int = 2
+    """responses sampled per prompt at each point of a run"""
+    eval_seed: int = 0
+    """the seed of the evaluation's random stream (the same draws at every point)"""
+    flags: str = "--no-cuda --num-threads 1"
+    """flags added to every script's command"""
+
+
+@dataclass
+class RewardModel(Common):
+    preferences: str = "vader_2000.jsonl"
+    """the preference file (prompt, chosen, rejected, gold_chosen, gold_rejected a line)"""
+    rm_flags: str = "--eval-fraction 0.2 --seed 1 --save-model"
+    """reward_model_gpt2.py's flags besides --preferences, --model-name and --runs-dir"""
+
+
+@dataclass
+class Run(Common):
+    preferences: str = "vader_2000.jsonl"
+    """the preference file: DPO trains on it, the others on the reward model learned from it"""
+    methods: list[str] = field(default_factory=lambda: [*METHODS, BEST_OF_N])
+    """which methods (dpo ppo grpo ppo_gold best_of_n)"""
+    settings: list[str] = field(default_factory=list)
+    """only these settings of each method, e.g. 'beta 0.1' (default: all)"""
+    seeds: list[int] = field(default_factory=lambda: [1, 2, 3])
+    """the seeds of each setting"""
+    best_of_n: int = 64
+    """best-of-n: responses sampled per prompt (n = 1, 2, 4, ... up to it)"""
+
+
+@dataclass
+class Report:
+    runs: str = "experiments/runs/rlhf_frontier"
+    """the records read"""
+    out: str = "docs/results/rlhf_frontier"
+    """prefix of the written .md and .png"""
+
+
+# --------------------------------------------------------------------------------------------------- the math
+
+
+def gold_at_kl(points: list[dict], target: float) -> float | None:
+    """The gold where a run's KL first reaches target, linear between that point and the one before (points
+    in training order, the first the initial policy); None if it never does."""
+    for before, after in zip(points, points[1:]):
+        if after["kl"] >= target:
+            if after["kl"] == before["kl"]:
+                return after["gold"]
+            w = (target - before["kl"]) / (after["kl"] - before["kl"])
+            return before["gold"] + min(max(w, 0.0), 1.0) * (after["gold"] - before["gold"])
+    return None
+
+
+def t_interval(values: list[float]) -> tuple[float, float]:
+    """Mean and the half-width of its 95% Student-t interval (0 for one value)."""
+    n = len(values)
+    if n < 2:
+        return float(np.mean(values)), 0.0
+    return float(np.mean(values)), T_975[min(n - 1, 20)] * float(np.std(values, ddof=1)) / math.sqrt(n)
+
+
+def over_prompts(values: np.ndarray) -> tuple[float, float, list[float]]:
+    """values (prompts, samples): the mean of the prompts' means, its standard error over prompts, the means."""
+    means = values.mean(1)
+    return float(means.mean()), float(means.std(ddof=1) / math.sqrt(len(means))), means.tolist()
+
+
+# ------------------------------------------------------------------------------------------ the one evaluation
+
+
+class Frontier:
+    """The reference, the gold scorer and the held-out prompts, loaded once; `measure` scores any policy."""
+
+    def __init__(self, common: Common):
+        self.common, self.device = common, torch.device("cpu")
+        self.args = dpo.Args(model_name=common.model_name, gold="vader", seed=common.eval_seed)
+        self.tokenizer, self.stop_token_id = dpo.load_tokenizer(common.model_name, self.args.stop_token)
+        self.reference = dpo.load_policy(common.model_name, self.device)
+        self.gold_fn = dpo.load_gold_fn(self.args, self.device)
+        self.prompts = overopt.load_eval_prompts(None, common.num_prompts)
+
+    @torch.inference_mode()
+    def measure(self, policy, samples_per_prompt: int, reward_fn=None) -> dict:
+        """(prompts, samples) arrays of gold, KL (k1, summed over the response) and, given reward_fn, its score;
+        the texts; the share that stopped."""
+        args, tokenizer = self.args, self.tokenizer
+        prompts = [p for p in self.prompts for _ in range(samples_per_prompt)]
+        was_training = policy.training
+        policy.eval()
+        gold, kl, proxy, texts, stopped = [], [], [], [], []
+        with torch.random.fork_rng():
+            torch.manual_seed(self.common.eval_seed)
+            for i in range(0, len(prompts), args.forward_batch_size):
+                batch = prompts[i : i + args.forward_batch_size]
+                queries = tokenizer(batch, padding=True, truncation=True, max_length=args.max_query_length,
+                                    return_tensors="pt")["input_ids"]
+                responses = dpo.generate(policy, queries, args.response_length, args.temperature,
+                                         tokenizer.pad_token_id)
+                responses, response_mask, contain_stop = dpo.truncate_after_stop_token(
+                    responses, self.stop_token_id, tokenizer.pad_token_id, args.min_response_length)
+                query_responses = torch.cat([queries, responses], dim=1)
+                mask = torch.cat([torch.zeros_like(queries, dtype=torch.bool), response_mask], dim=1)
+                logps = [dpo.sequence_logps(model, query_responses, query_responses != tokenizer.pad_token_id,
+                                            mask, args.temperature, tokenizer.pad_token_id)[0]
+                         for model in (policy, self.reference)]
+                kl += (logps[0] - logps[1]).tolist()
+                full = tokenizer.batch_decode(query_responses, skip_special_tokens=True)
+                response_texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
+                gold += self.gold_fn(full, response_texts).float().tolist()
+                if reward_fn is not None:
+                    proxy += reward_fn(full, response_texts).float().tolist()
+                texts += response_texts
+                stopped += contain_stop.tolist()
+        policy.train(was_training)
+        shape = (len(self.prompts), samples_per_prompt)
+        out = {"gold": np.array(gold).reshape(shape), "kl": np.array(kl).reshape(shape), "texts": texts,
+               "stop_share": float(np.mean(stopped))}
+        if reward_fn is not None:
+            out["proxy"] = np.array(proxy).reshape(shape)
+        return out
+
+    def point(self, policy) -> dict:
+        """One point of the frontier: gold and KL, means and standard errors over prompts."""
+        m = self.measure(policy, self.common.samples_per_prompt)
+        gold, gold_se, gold_prompts = over_prompts(m["gold"])
+        kl, kl_se, _ = over_prompts(m["kl"])
+        return {"gold": gold, "gold_se": gold_se, "kl": kl, "kl_se": kl_se, "stop_share": m["stop_share"],
+                "gold_per_prompt": gold_prompts, "example": m["texts"][0]}
+
+
+# ----------------------------------------------------------------------------------------------- the runs
+
+
+def initial_point(frontier: Frontier, runs: str) -> dict:
+    """The initial policy's point, measured once and shared by every run (KL 0 by construction)."""
+    path = os.path.join(runs, "initial.json")
+    if not os.path.exists(path):
+        write_json(path, {**frontier.point(frontier.reference), "common": settings_of(frontier.common)})
+    return read_json(path)
+
+
+@contextlib.contextmanager
+def measured_by(frontier: Frontier, module, initial: dict, points: list, cpu: list):
+    """Replace the script's held-out evaluation by frontier.point for the run (restored after): the first call
+    (step 0, the initial policy) returns the shared initial point; the dict returned has the keys the script
+    logs and prints."""
+    name = MEASURED[module]
+    original = getattr(module, name)
+
+    def evaluation(policy, *args, **kwargs):
+        start = time.process_time()
+        point = initial if not points else frontier.point(policy)
+        points.append(point)
+        cpu.append(time.process_time() - start)
+        return {"raw_score_mean": point["gold"], "raw_score_stderr": point["gold_se"], "samples": [],
+                "stop_share": point["stop_share"], "prompts": len(point["gold_per_prompt"]),
+                "kl_mean": point["kl"], "kl_stderr": point["kl_se"], "gold_scores_mean": point["gold"],
+                "gold_scores_stderr": point["gold_se"]}
+
+    setattr(module, name, evaluation)
+    try:
+        yield
+    finally:
+        setattr(module, name, original)
+
+
+def script_args(module, flags: str, seed: int, common: Common, runs_dir: str):
+    """The script's Args from its flags (tyro, as its command line), the seed and the common flags."""
+    tokens = shlex.split(f"{flags} {common.flags} --model-name {common.model_name} --seed {seed} "
+                         f"--runs-dir {runs_dir}")
+    return tyro.cli(module.Args, args=tokens, prog=os.path.basename(module.__file__))
+
+
+def command_of(module, flags: str, seed: int, common: Common) -> str:
+    return (f"python {os.path.basename(module.__file__)} {flags} {common.flags} --model-name {common.model_name} "
+            f"--seed {seed}")
+
+
+def train_and_measure(frontier: Frontier, initial: dict, method: str, setting: str, seed: int, flags: str,
+                      common: Common) -> dict:
+    """One run of a script, measured along the way; the record of its points, steps and CPU time."""
+    module = METHODS[method][0]
+    args = script_args(module, flags, seed, common, os.path.join(ROOT, common.runs, method, "tensorboard"))
+    points, eval_cpu = [], []
+    start = time.process_time()
+    with measured_by(frontier, module, initial, points, eval_cpu):
+        result = module.main(args)
+    cpu = time.process_time() - start - sum(eval_cpu)
+    last = result["steps"] if module is dpo else args.num_iterations
+    every = args.eval_every
+    steps = [*range(0, last, every), last]
+    if len(steps) != len(points):
+        raise RuntimeError(f"{method} {setting} seed {seed}: {len(points)} evaluations for steps {steps}: the "
+                           "run was interrupted or the script evaluates at other steps")
+    unit = "comparisons" if module is dpo else "episodes"
+    for step, point in zip(steps, points):
+        point.update(step=step, **{unit: step * args.batch_size})
+    record = {"method": method, "setting": setting, "seed": seed, "command": command_of(module, flags, seed, common),
+              "cpu_minutes": cpu / 60, "points": points, "run_dir": result["run_dir"]}
+    if module is dpo:
+        record["held_out_accuracy"] = [result["eval_accuracy"], result["eval_accuracy_stderr"]]
+    return record
+
+
+def best_of_n_record(frontier: Frontier, reward_model: str, largest: int) -> dict:
+    """Best-of-n on the reward model: N samples per prompt from the initial policy, scored by gold and the
+    reward model; each n's expected gold over all n-subsets, its KL bound."""
+    reward_fn = rlhf.load_reward_fn(rlhf.Args(reward_model=reward_model, cuda=False), frontier.device)
+    start = time.process_time()
+    m = frontier.measure(frontier.reference, largest, reward_fn)
+    points, n = [], 1
+    while n <= largest:
+        _, gold = overopt.best_of_n(m["proxy"], m["gold"], n)
+        points.append({"n": n, "kl": float(overopt.best_of_n_kl(n)), "gold": float(gold.mean()),
+                       "gold_se": float(gold.std(ddof=1) / math.sqrt(len(gold)))})
+        n *= 2
+    return {"method": BEST_OF_N, "setting": f"N {largest}", "seed": 0, "points": points,
+            "cpu_minutes": (time.process_time() - start) / 60, "reward_model": reward_model,
+            "proxy_gold_correlation": float(np.corrcoef(m["proxy"].ravel(), m["gold"].ravel())[0, 1])}
+
+
+def run_reward_model(args: RewardModel) -> dict:
+    """reward_model_gpt2.py on the preference file, once; its record (folder, held-out accuracy, CPU time)."""
+    path = os.path.join(ROOT, args.runs, "reward_model.json")
+    if os.path.exists(path):
+        print(f"{path} exists: skipped")
+        return read_json(path)
+    check_file(args.preferences)
+    flags = f"--preferences {args.preferences} {args.rm_flags}"
+    rm_args = script_args(rm, flags, 1, args, os.path.join(ROOT, args.runs, "reward_model"))
+    start = time.process_time()
+    result = rm.main(rm_args)
+    record = {"model_path": result["model_path"], "held_out_accuracy": result["eval_accuracy"],
+              "command": command_of(rm, flags, 1, args), "cpu_minutes": (time.process_time() - start) / 60,
+              "preferences": args.preferences}
+    write_json(path, record)
+    return record
+
+
+def run(args: Run) -> None:
+    check_file(args.preferences)
+    unknown = set(args.methods) - set(METHODS) - {BEST_OF_N}
+    if unknown:
+        raise SystemExit(f"error: --methods {' '.join(sorted(unknown))}: not one of {[*METHODS, BEST_OF_N]}")
+    rm_record = os.path.join(ROOT, args.runs, "reward_model.json")
+    needs_rm = set(args.methods) & {"ppo", "grpo", BEST_OF_N}
+    if needs_rm and not os.path.exists(rm_record):
+        raise SystemExit(f"error: --methods {' '.join(sorted(needs_rm))} need the reward model: run "
+                         "`python experiments/rlhf_frontier.py reward-model` first")
+    reward_model = read_json(rm_record)["model_path"] if needs_rm else None
+    frontier = Frontier(args)
+    initial = initial_point(frontier, os.path.join(ROOT, args.runs))
+    if BEST_OF_N in args.methods:
+        path = os.path.join(ROOT, args.runs, BEST_OF_N, f"N{args.best_of_n}.json")
+        if not os.path.exists(path):
+            write_json(path, best_of_n_record(frontier, reward_model, args.best_of_n))
+    for method in [m for m in METHODS if m in args.methods]:
+        for setting, flags in METHODS[method][1].items():
+            if args.settings and setting not in args.settings:
+                continue
+            for seed in args.seeds:
+                path = os.path.join(ROOT, args.runs, method, f"{setting.replace(' ', '_')}__{seed}.json")
+                if os.path.exists(path):
+                    print(f"{path} exists: skipped")
+                    continue
+                print(f"== {method}, {setting}, seed {seed}", flush=True)
+                record = train_and_measure(frontier, initial, method, setting, seed,
+                                           flags.format(rm=reward_model, prefs=args.preferences), args)
+                write_json(path, record)
+
+
+# --------------------------------------------------------------------------------------------------- report
+
+
+def frontier_rows(records: list[dict]) -> list[dict]:
+    """One row per method and setting: the gold at each KL target over its seeds, and its CPU minutes."""
+    rows = {}
+    for r in records:
+        rows.setdefault((r["method"], r["setting"]), []).append(r)
+    out = []
+    for (method, setting), runs in rows.items():
+        row = {"method": method, "setting": setting, "seeds": sorted(r["seed"] for r in runs),
+               "cpu_minutes": float(np.mean([r["cpu_minutes"] for r in runs])), "command": runs[0]["command"]
+               if "command" in runs[0] else None}
+        for target in KL_TARGETS:
+            if method == BEST_OF_N:  # one curve, an interval over prompts
+                points = runs[0]["points"]
+                value = gold_at_kl([{"kl": 0.0, "gold": points[0]["gold"]}] + points, target)
+                se = min(points, key=lambda p: abs(p["kl"] - target))["gold_se"]
+                row[target] = (value, 1.96 * se, 1) if value is not None else None
+                continue
+            values = [gold_at_kl(r["points"], target) for r in runs]
+            reached = [v for v in values if v is not None]
+            row[target] = (*t_interval(reached), len(reached)) if len(reached) == len(values) else (
+                None, None, len(reached))
+        out.append(row)
+    return out
+
+
+def report(args: Report) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = os.path.join(ROOT, args.runs)
+    records = [read_json(p) for p in sorted(glob.glob(os.path.join(runs, "*", "*.json")))]
+    initial = read_json(os.path.join(runs, "initial.json"))
+    rm_record = read_json(os.path.join(runs, "reward_model.json")) if os.path.exists(
+        os.path.join(runs, "reward_model.json")) else None
+    lines = ["## The frontier", "",
+             f"Initial policy: gold {initial['gold']:.3f} ± {initial['gold_se']:.3f} (standard error over "
+             f"{len(initial['gold_per_prompt'])} held-out prompts). Gold at each KL: the mean over seeds and its "
+             "95% t-interval (best-of-n: over prompts); \"m/n\": only m of the n seeds reached that KL. CPU: "
+             "minutes of training per run, one thread, the evaluation excluded.", "",
+             "| method | setting | seeds | " + " | ".join(f"gold at KL {t:g}" for t in KL_TARGETS) +
+             " | CPU minutes |", "|---" * (5 + len(KL_TARGETS)) + "|"]
+    for row in frontier_rows(records):
+        cells = []
+        for target in KL_TARGETS:
+            v = row[target]
+            cells.append("-" if v is None else f"{v[2]}/{len(row['seeds'])} reached" if v[0] is None
+                         else f"{v[0]:.3f} ± {v[1]:.3f}")
+        lines.append(f"| {row['method']} | {row['setting']} | {len(row['seeds'])} | " + " | ".join(cells) +
+                     f" | {row['cpu_minutes']:.1f} |")
+    if rm_record:
+        lines += ["", f"The reward model (ppo, grpo, best_of_n): held-out accuracy "
+                  f"{rm_record['held_out_accuracy']:.3f}, {rm_record['cpu_minutes']:.1f} CPU minutes to train: "
+                  f"`{rm_record['command']}`."]
+    lines += ["", "Commands (each run also gets the experiment's `--runs-dir`):", ""]
+    for r in {(r["method"], r["setting"]): r for r in records if "command" in r}.values():
+        command = r["command"].replace(f" --seed {r['seed']}", " --seed S")
+        lines.append(f"- {r['method']}, {r['setting']}: `{command}`")
+    colors = {"dpo": "C0", "ppo": "C1", "grpo": "C2", "ppo_gold": "C3", BEST_OF_N: "C4"}
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in records:
+        points = r["points"] if r["method"] == BEST_OF_N else r["points"]
+        kl = [0.0] * (r["method"] == BEST_OF_N) + [p["kl"] for p in points]
+        gold = [initial["gold"]] * (r["method"] == BEST_OF_N) + [p["gold"] for p in points]
+        ax.plot(kl, gold, "o-", color=colors[r["method"]], alpha=0.6, ms=3, lw=1,
+                label=f"{r['method']}" if r is next(x for x in records if x["method"] == r["method"]) else None)
+    ax.set_xlabel("KL(policy || initial policy), nats per response")
+    ax.set_ylabel("gold (vader) on held-out prompts")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(ROOT, args.out + ".png"), dpi=100)
+    text = "\n".join(lines) + f"\n\n![gold against KL]({os.path.basename(args.out)}.png)\n"
+    md = os.path.join(ROOT, args.out + ".md")
+    head = "# The reward-KL frontier\n\n"
+    if os.path.exists(md) and "<!-- generated -->" in open(md).read():
+        head = open(md).read().split("<!-- generated -->", 1)[0]
+    with open(md, "w") as f:
+        f.write(head + "<!-- generated -->\n" + text)
+    return text
+
+
+# -------------------------------------------------------------------------------------------------- plumbing
+
+
+def settings_of(common: Common) -> dict:
+    return {k: v for k, v in dataclasses.asdict(common).items() if k in ("model_name", "num_prompts",
+                                                                         "samples_per_prompt", "eval_seed")}
+
+
+def check_file(path: str) -> None:
+    if not os.path.isfile(path):
+        raise SystemExit(f"error: --preferences {path}: no such file (reward_model_gpt2.py --gold vader writes "
+                         "one: <run dir>/preferences.jsonl)")
+
+
+def read_json(path: str) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def write_json(path: str, record: dict) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump(record, f, indent=1)
+    os.replace(path + ".tmp", path)  # a record exists only whole: an interrupted run is redone
+
+
+def main(args) -> None:
+    if isinstance(args, RewardModel):
+        run_reward_model(args)
+    elif isinstance(args, Run):
+        run(args)
+    else:
+        print(report(args))
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Union[Annotated[RewardModel, tyro.conf.subcommand("reward-model")],
+                        Annotated[Run, tyro.conf.subcommand("run")],
+                        Annotated[Report, tyro.conf.subcommand("report")]]))

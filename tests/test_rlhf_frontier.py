@@ -1,0 +1,152 @@
+"""experiments/rlhf_frontier.py: reading the gold at a KL by hand, and the harness on the tiny models of
+tests/conftest.py: every method measured by the one evaluation at the steps its flags say, the initial point
+shared and at KL 0, the last point that of the policy the run saved, records skipped when they exist, the
+report's rows from the records."""
+
+import importlib.util
+import json
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+spec = importlib.util.spec_from_file_location("rlhf_frontier", os.path.join(ROOT, "experiments", "rlhf_frontier.py"))
+frontier_module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(frontier_module)
+F = frontier_module
+
+
+def test_gold_at_kl_by_hand():
+    points = [{"kl": 0.0, "gold": 0.2}, {"kl": 2.0, "gold": 0.4}, {"kl": 4.0, "gold": 0.5}]
+    assert F.gold_at_kl(points, 1.0) == pytest.approx(0.3)  # halfway from 0 to 2
+    assert F.gold_at_kl(points, 3.0) == pytest.approx(0.45)
+    assert F.gold_at_kl(points, 4.0) == pytest.approx(0.5)
+    assert F.gold_at_kl(points, 6.0) is None  # never reached
+    # the first crossing counts, not a later one after the KL fell back
+    wavy = [{"kl": 0.0, "gold": 0.0}, {"kl": 4.0, "gold": 1.0}, {"kl": 1.0, "gold": 5.0}, {"kl": 5.0, "gold": 9.0}]
+    assert F.gold_at_kl(wavy, 3.0) == pytest.approx(0.75)
+
+
+def test_t_interval_by_hand():
+    mean, half = F.t_interval([0.1, 0.3, 0.5])
+    # std 0.2, sqrt(3), t(0.975, 2) = 4.303
+    assert mean == pytest.approx(0.3) and half == pytest.approx(4.303 * 0.2 / math.sqrt(3))
+    assert F.t_interval([0.4]) == (0.4, 0.0)
+
+
+def test_rows_need_every_seed_to_reach_the_kl():
+    run = lambda seed, kls: {"method": "dpo", "setting": "beta 0.1", "seed": seed, "cpu_minutes": seed,
+                             "command": "c", "points": [{"kl": k, "gold": k / 10} for k in kls]}
+    rows = F.frontier_rows([run(1, [0, 2, 4]), run(2, [0, 1, 2])])
+    assert rows[0][1.0][:2] == pytest.approx(F.t_interval([0.1, 0.1]))
+    assert rows[0][3.0] == (None, None, 1)  # one of the two seeds reached KL 3
+    assert rows[0]["cpu_minutes"] == 1.5
+
+
+def write_preferences(path: Path, prompts) -> str:
+    rows = []
+    for p in prompts:
+        for k in range(3):
+            rows.append({"prompt": p, "chosen": [" great. I loved it.", " a joy.", " the best film."][k],
+                         "rejected": [" awful. A bad movie.", " boring.", " terrible."][k],
+                         "gold_chosen": 0.6, "gold_rejected": -0.6})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+@pytest.fixture
+def tiny_frontier(tiny, tmp_path, monkeypatch):
+    """The harness with the tiny policy and schedules a few steps long."""
+    import ppo_rlhf_gpt2 as rlhf
+
+    rl = ("--total-episodes 24 --batch-size 8 --num-minibatches 2 --update-epochs 1 --learning-rate 1e-3 "
+          "--eval-every 2 --response-length 8 --min-response-length 4 --local-rollout-forward-batch-size 8")
+    methods = {
+        "dpo": (F.dpo, {"beta 0.1": "--beta 0.1 --preferences {prefs} --eval-fraction 0.25 --split-seed 1 "
+                        "--eval-every 2 --batch-size 4 --gradient-accumulation-steps 2 --learning-rate 1e-3"}),
+        "ppo": (F.rlhf, {"kl_coef 0.05": "--reward-model {rm} --kl-coef 0.05 --kl-target None --norm-batches 1 "
+                         f"--save-model {rl}"}),
+        "grpo": (F.grpo, {"beta 0.04": f"--reward-model {{rm}} --beta 0.04 --num-generations 4 --missing-eos-penalty None "
+                                        f"{rl}"}),
+    }
+    monkeypatch.setattr(F, "METHODS", methods)
+    prefs = write_preferences(tmp_path / "prefs.jsonl", rlhf.PROMPTS[:8])
+    common = dict(runs=str(tmp_path / "runs"), model_name=tiny["policy"], num_prompts=3, samples_per_prompt=2)
+    F.run_reward_model(F.RewardModel(preferences=prefs, rm_flags="--eval-fraction 0.25 --seed 1 --save-model "
+                                     "--batch-size 4", **common))
+    return {"prefs": prefs, "common": common, "tmp": tmp_path}
+
+
+def test_every_method_is_measured_by_the_one_evaluation(tiny_frontier, monkeypatch):
+    common, runs = tiny_frontier["common"], Path(tiny_frontier["common"]["runs"])
+    F.run(F.Run(preferences=tiny_frontier["prefs"], methods=["dpo", "ppo", "grpo", "best_of_n"], seeds=[1],
+                best_of_n=4, **common))
+    initial = json.loads((runs / "initial.json").read_text())
+    assert initial["kl"] == 0.0 and initial["kl_se"] == 0.0  # the reference against itself
+    assert len(initial["gold_per_prompt"]) == 3 and -1 <= initial["gold"] <= 1
+    records = {p.parent.name: json.loads(p.read_text()) for p in runs.glob("*/*.json")}
+    # PPO and GRPO: 3 iterations of 8, evaluated at 0, 2 and the end; DPO: 6 prompts' 18 comparisons, 4 a step
+    assert [p["step"] for p in records["ppo"]["points"]] == [0, 2, 3]
+    assert [p["episodes"] for p in records["grpo"]["points"]] == [0, 16, 24]
+    assert [p["step"] for p in records["dpo"]["points"]] == [0, 2, 4]
+    for record in (records["ppo"], records["grpo"], records["dpo"]):
+        first, *later = record["points"]
+        assert first["gold"] == initial["gold"] and first["kl"] == 0.0
+        assert all(p["kl"] != 0.0 for p in later)  # trained policies, measured against the reference
+        assert record["cpu_minutes"] > 0 and "--seed 1" in record["command"]
+    # the last point is the policy the run saved, measured afresh
+    frontier = F.Frontier(F.Common(**common))
+    saved = F.dpo.load_policy(os.path.join(records["ppo"]["run_dir"], "model"), torch.device("cpu"))
+    again = frontier.point(saved)
+    assert again["gold"] == pytest.approx(records["ppo"]["points"][-1]["gold"], abs=1e-6)
+    assert again["kl"] == pytest.approx(records["ppo"]["points"][-1]["kl"], abs=1e-4)
+    # best-of-n: n = 1, 2, 4; n = 1 is the initial policy's samples, its KL bound 0
+    bon = records["best_of_n"]["points"]
+    assert [p["n"] for p in bon] == [1, 2, 4] and bon[0]["kl"] == 0.0
+    assert bon[2]["kl"] == pytest.approx(math.log(4) - 3 / 4)
+    # a second call skips every record that exists: nothing trains
+    for module in (F.dpo, F.rlhf, F.grpo):
+        monkeypatch.setattr(module, "main", lambda args: pytest.fail("a recorded run was run again"))
+    monkeypatch.setattr(F, "best_of_n_record", lambda *a: pytest.fail("best-of-n was sampled again"))
+    F.run(F.Run(preferences=tiny_frontier["prefs"], methods=["dpo", "ppo", "grpo", "best_of_n"], seeds=[1],
+                best_of_n=4, **common))
+    # the report: a row per method and setting, the page's hand-written head kept
+    out = tiny_frontier["tmp"] / "frontier"
+    (tiny_frontier["tmp"] / "frontier.md").write_text("# head\nkept\n<!-- generated -->\nSTALE\n")
+    text = F.report(F.Report(runs=common["runs"], out=str(out)))
+    page = (tiny_frontier["tmp"] / "frontier.md").read_text()
+    assert page.startswith("# head\nkept\n<!-- generated -->\n") and "STALE" not in page
+    for row in ("| dpo | beta 0.1 | 1 |", "| ppo | kl_coef 0.05 | 1 |", "| grpo | beta 0.04 | 1 |",
+                "| best_of_n | N 4 | 1 |"):
+        assert row in text
+    assert (tiny_frontier["tmp"] / "frontier.png").stat().st_size > 0
+
+
+def test_the_evaluation_draws_the_same_samples_and_scores_vader(tiny):
+    from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
+
+    frontier = F.Frontier(F.Common(model_name=tiny["policy"], num_prompts=2, samples_per_prompt=3))
+    a, b = (frontier.measure(frontier.reference, 3) for _ in range(2))
+    assert a["texts"] == b["texts"]  # one seeded stream
+    assert len(set(a["texts"][:3])) > 1  # several samples of a prompt differ
+    np.testing.assert_array_equal(a["kl"], 0.0)
+    analyzer = SentimentIntensityAnalyzer()
+    prompts = [p for p in frontier.prompts for _ in range(3)]
+    expected = [analyzer.polarity_scores(p + r)["compound"] for p, r in zip(prompts, a["texts"])]
+    np.testing.assert_allclose(a["gold"].ravel(), expected, atol=1e-6)
+
+
+def test_bad_input_fails_in_one_line_before_any_model_loads(tmp_path, monkeypatch):
+    monkeypatch.setattr(F, "Frontier", lambda *a: pytest.fail("a model was loaded"))
+    with pytest.raises(SystemExit, match="--preferences .*no such file"):
+        F.run(F.Run(preferences=str(tmp_path / "missing.jsonl"), runs=str(tmp_path)))
+    prefs = tmp_path / "p.jsonl"
+    prefs.write_text("{}\n")
+    with pytest.raises(SystemExit, match="need the reward model"):
+        F.run(F.Run(preferences=str(prefs), runs=str(tmp_path), methods=["ppo"]))
+    with pytest.raises(SystemExit, match="--methods sft"):
+        F.run(F.Run(preferences=str(prefs), runs=str(tmp_path), methods=["sft"]))
