@@ -185,10 +185,13 @@ class Frontier:
                     responses, self.stop_token_id, tokenizer.pad_token_id, args.min_response_length)
                 query_responses = torch.cat([queries, responses], dim=1)
                 mask = torch.cat([torch.zeros_like(queries, dtype=torch.bool), response_mask], dim=1)
-                logps = [dpo.sequence_logps(model, query_responses, query_responses != tokenizer.pad_token_id,
-                                            mask, args.temperature, tokenizer.pad_token_id)[0]
-                         for model in (policy, self.reference)]
-                kl += (logps[0] - logps[1]).tolist()
+                if policy is self.reference:  # the KL is 0: best-of-n's samples, the initial point
+                    kl += [0.0] * len(batch)
+                else:
+                    logps = [dpo.sequence_logps(model, query_responses, query_responses != tokenizer.pad_token_id,
+                                                mask, args.temperature, tokenizer.pad_token_id)[0]
+                             for model in (policy, self.reference)]
+                    kl += (logps[0] - logps[1]).tolist()
                 full = tokenizer.batch_decode(query_responses, skip_special_tokens=True)
                 response_texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
                 gold += self.gold_fn(full, response_texts).float().tolist()

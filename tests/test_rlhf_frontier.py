@@ -3,6 +3,7 @@ tests/conftest.py: every method measured by the one evaluation at the steps its 
 shared and at KL 0, the last point that of the policy the run saved, records skipped when they exist, the
 report's rows from the records."""
 
+import copy
 import importlib.util
 import json
 import math
@@ -130,10 +131,14 @@ def test_the_evaluation_draws_the_same_samples_and_scores_vader(tiny):
     from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
 
     frontier = F.Frontier(F.Common(model_name=tiny["policy"], num_prompts=2, samples_per_prompt=3))
-    a, b = (frontier.measure(frontier.reference, 3) for _ in range(2))
+    same_weights = copy.deepcopy(frontier.reference)  # measured against the reference, not skipped
+    a, b = frontier.measure(same_weights, 3), frontier.measure(frontier.reference, 3)
     assert a["texts"] == b["texts"]  # one seeded stream
     assert len(set(a["texts"][:3])) > 1  # several samples of a prompt differ
     np.testing.assert_array_equal(a["kl"], 0.0)
+    with torch.no_grad():
+        same_weights.lm_head.weight.mul_(1.5)  # another policy: a KL that is not 0
+    assert (frontier.measure(same_weights, 3)["kl"] != 0).all()
     analyzer = SentimentIntensityAnalyzer()
     prompts = [p for p in frontier.prompts for _ in range(3)]
     expected = [analyzer.polarity_scores(p + r)["compound"] for p, r in zip(prompts, a["texts"])]
