@@ -62,10 +62,11 @@ KL_TARGETS = (1.0, 3.0, 6.0)
 # PPO settings of docs/results/ppo_rlhf_gpt2.md; ppo_rlhf_gpt2.py's defaults take hours a run on a CPU), GRPO
 # on the same schedule, so that the methods differ and the update schedule does not.
 RL = "--total-episodes 1280 --batch-size 64 --num-minibatches 4 --update-epochs 1 --learning-rate 5e-5 --eval-every 4"
-# method: (script, {setting: flags}); {rm} is the reward model's folder, {prefs} the preference file
+# DPO on the reward model's split, at the reward model's learning rate (its default 5e-6 barely moves the policy
+# in the one epoch of this file). method: (script, {setting: flags}); {rm}: the reward model, {prefs}: the file
 METHODS = {
     "dpo": (dpo, {f"beta {b}": f"--beta {b} --preferences {{prefs}} --eval-fraction 0.2 --split-seed 1 "
-                  "--eval-every 13" for b in ("0.03", "0.1", "0.3")}),
+                  "--learning-rate 2e-5 --eval-every 17" for b in ("0.1", "0.03", "0.3")}),
     "ppo": (rlhf, {f"kl_coef {k}": f"--reward-model {{rm}} --kl-coef {k} --kl-target None {RL}"
                    for k in ("0.01", "0.05")}),
     "grpo": (grpo, {f"beta {b}": f"--reward-model {{rm}} --beta {b} {RL}" for b in ("0.04", "0.2")}),
