@@ -96,7 +96,7 @@ class Common:
 class RewardModel(Common):
     preferences: str = "vader_2000.jsonl"
     """the preference file (prompt, chosen, rejected, gold_chosen, gold_rejected a line)"""
-    rm_flags: str = "--eval-fraction 0.2 --seed 1 --save-model"
+    rm_flags: str = "--eval-fraction 0.2 --save-model"
     """reward_model_gpt2.py's flags besides --preferences, --model-name and --runs-dir"""
 
 

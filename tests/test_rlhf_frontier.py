@@ -77,7 +77,7 @@ def tiny_frontier(tiny, tmp_path, monkeypatch):
     monkeypatch.setattr(F, "METHODS", methods)
     prefs = write_preferences(tmp_path / "prefs.jsonl", rlhf.PROMPTS[:8])
     common = dict(runs=str(tmp_path / "runs"), model_name=tiny["policy"], num_prompts=3, samples_per_prompt=2)
-    F.run_reward_model(F.RewardModel(preferences=prefs, rm_flags="--eval-fraction 0.25 --seed 1 --save-model "
+    F.run_reward_model(F.RewardModel(preferences=prefs, rm_flags="--eval-fraction 0.25 --save-model "
                                      "--batch-size 4", **common))
     return {"prefs": prefs, "common": common, "tmp": tmp_path}
 
