@@ -53,8 +53,11 @@ Implementation details; RLHF numbers as in ppo_rlhf_gpt2.py, 35 on for the rewar
 37. Bradley-Terry loss; chosen and rejected responses in one forward pass.
 38. Synthetic labels: a gold scorer with Bradley-Terry noise, the pairs of identical responses dropped.
 39. A seeded held-out split by prompt (held-out prompts are never trained on), beside the gold labeler.
-40. The whole model trained, one epoch by default (reward models overfit fast), the new head at its own
-    learning rate: at the backbone's, Adam would move its random weights by a fraction of their scale.
+40. The whole model trained, one epoch by default (reward models overfit fast); a random head (--no-probe) at
+    1e-3: at the backbone's learning rate, Adam would move its random weights by a fraction of their scale.
+45. LP-FT (Kumar et al. 2022, arXiv:2202.10054): first the head alone, w = fit_probe(...), the minimum over
+    the frozen features it reads of reward_loss + probe_l2 |w * std|^2 (L-BFGS; std over the training
+    responses); then the whole model, the fitted head at the backbone's rate (unless --head-learning-rate).
 """
 
 import json
@@ -110,7 +113,9 @@ class Args:
     gradient_accumulation_steps: int = 1  # micro-batches per batch, their gradients accumulated
     forward_batch_size: int = 32  # prompts per sampling pass, texts per scoring pass without gradients
     learning_rate: float = 2e-5  # the learning rate of Adam for the backbone
-    head_learning_rate: float = 1e-3  # the learning rate of Adam for the head (new and random)
+    head_learning_rate: float | None = None  # the head's rate; None: the backbone's after --probe, else 1e-3
+    probe: bool = True  # fit the head on the frozen backbone's features, then train the whole model (LP-FT)
+    probe_l2: float = 1e-2  # the probe's L2 strength on the head's weight times the features' std
     anneal_lr: bool = True  # anneal the learning rate linearly to 0
     max_grad_norm: float = 1.0  # the maximum norm of the global gradient
     eval_every: int = 10  # score the held-out comparisons every this many steps (0: at the end only)
@@ -259,6 +264,31 @@ def score_normalization(raw_scores: torch.Tensor) -> tuple[float, float]:
     return gain, -raw_scores.mean().item() * gain
 
 
+def fit_probe(chosen_features: torch.Tensor, rejected_features: torch.Tensor, l2: float,
+              max_iter: int = 500) -> torch.Tensor:
+    """detail 45: the head's weight w, (hidden,), on frozen features of the pairs, (pairs, hidden) each: the
+    minimum of preference_loss(chosen_features @ w, rejected_features @ w) + l2 |w * std|^2, std the features'
+    per-dimension std over all the responses. Fitted by L-BFGS on standardized features (x - mean) / std,
+    where it converges whatever their scales (a language model's features may have a few huge dimensions),
+    and folded back exactly: w_std.(x - mean) / std = (w_std / std).x - const, the const cancels in a pair."""
+    features = torch.cat([chosen_features, rejected_features]).double()
+    mean, std = features.mean(0), features.std(0).clamp_min(1e-12)
+    chosen, rejected = ((f.double() - mean) / std for f in (chosen_features, rejected_features))
+    w_std = torch.zeros_like(mean, requires_grad=True)
+    optimizer = torch.optim.LBFGS([w_std], max_iter=max_iter, tolerance_grad=1e-9, tolerance_change=0.0,
+                                  line_search_fn="strong_wolfe")  # stops at a gradient of 1e-9 (or max_iter)
+
+    def closure():
+        optimizer.zero_grad()
+        loss = preference_loss(chosen @ w_std, rejected @ w_std) + l2 * w_std.square().sum()
+        loss.backward()
+        return loss
+
+    with torch.enable_grad():
+        optimizer.step(closure)
+    return w_std.detach() / std
+
+
 def texts_of(comparisons: list[dict], args: Args) -> tuple[list[str], list[int] | None]:
     """The texts prompt + chosen of the comparisons, then prompt + rejected; and where each response starts
     (the prompt's length) for --readout mean, None for the other readouts."""
@@ -306,12 +336,13 @@ def main(args: Args) -> dict:
                                           for k in ("gold_chosen", "gold_rejected"))) if has_gold else None
 
     # 3. the reward model: the policy's backbone and a scalar head (detail 35), Adam (detail 3), the head at
-    # its own learning rate (detail 40)
+    # its own learning rate if it starts random (detail 40), at the backbone's if probed first (detail 45)
     reward_model = load_reward_model(args.model_name, device)
     backbone = [p for name, p in reward_model.named_parameters() if not name.startswith("score.")]
-    learning_rates = (args.learning_rate, args.head_learning_rate)
+    head_learning_rate = args.head_learning_rate or (args.learning_rate if args.probe else 1e-3)
+    learning_rates = (args.learning_rate, head_learning_rate)
     optimizer = torch.optim.Adam([{"params": backbone, "lr": args.learning_rate},
-                                  {"params": reward_model.score.parameters(), "lr": args.head_learning_rate}],
+                                  {"params": reward_model.score.parameters(), "lr": head_learning_rate}],
                                  eps=1e-5)
     writer = SummaryWriter(run_dir)
     writer.add_text("hyperparameters", "\n".join(f"|{k}|{v}|" for k, v in [("param", "value"), ("-", "-"),
@@ -330,7 +361,15 @@ def main(args: Args) -> dict:
     print(f"{len(train_set)} training and {len(eval_set)} held-out comparisons ({num_eval_prompts} held-out "
           f"prompts), {num_steps} steps")
     try:
-        held_out_evaluation()
+        if args.probe:  # detail 45: the head fitted on the frozen features of the training texts, once
+            chosen_features, rejected_features = readout_features(reward_model, tokenizer, train_set, args,
+                                                                   device)
+            with torch.no_grad():
+                reward_model.score.weight.copy_(fit_probe(chosen_features, rejected_features, args.probe_l2))
+        held_out_evaluation()  # step 0: the probed head, or the random one
+        if args.probe:
+            print(f"probe: the head fitted on the frozen features (--probe-l2 {args.probe_l2:g}), held-out "
+                  f"accuracy {eval_stats['accuracy']:.3f}")
         for epoch in range(args.num_epochs):  # detail 40
             order = torch.randperm(len(train_set)).tolist()
             for start in range(0, len(train_set) - args.batch_size + 1, args.batch_size):
@@ -428,6 +467,18 @@ def score_in_chunks(reward_model, tokenizer, comparisons: list[dict], args: Args
                       for i in range(0, len(texts), chunk)])
 
 
+@torch.inference_mode()
+def readout_features(reward_model, tokenizer, comparisons: list[dict], args: Args, device):
+    """detail 45: (chosen, rejected) features, (len(comparisons), hidden) each: what the head reads of each
+    text (detail 36), as score_in_chunks computes it with the head swapped for the identity."""
+    head, reward_model.score = reward_model.score, nn.Identity()
+    try:
+        features = score_in_chunks(reward_model, tokenizer, comparisons, args, device)
+    finally:
+        reward_model.score = head
+    return features[: len(comparisons)], features[len(comparisons) :]
+
+
 def evaluate(reward_model, tokenizer, comparisons: list[dict], args: Args, device) -> dict:
     """Loss and accuracy on held-out comparisons, and each one's margin chosen_scores - rejected_scores."""
     scores = score_in_chunks(reward_model, tokenizer, comparisons, args, device)
@@ -452,7 +503,8 @@ def check_args(args: Args) -> None:
     require(("max_length",), lambda v: v >= 2, "at least 2")
     require(("eval_every",), lambda v: v >= 0, "at least 0")
     require(("gold_beta", "temperature", "learning_rate", "head_learning_rate", "max_grad_norm"),
-            lambda v: v > 0 and math.isfinite(v), "positive")
+            lambda v: v is None or v > 0 and math.isfinite(v), "positive")
+    require(("probe_l2",), lambda v: v >= 0 and math.isfinite(v), "at least 0")
     require(("eval_fraction",), lambda v: 0 < v < 1, "between 0 and 1 (exclusive)")
     require(("readout",), lambda v: v in ("mean", "end", "last"), "`mean`, `end` or `last`")
     if not 0 <= args.min_response_length < args.response_length:

@@ -12,6 +12,7 @@ import statistics
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -170,6 +171,79 @@ def test_split_holds_out_whole_prompts_seeded_and_stable():
     # at least one prompt held out; a single prompt leaves nothing to train on
     assert len({prompts[i] for i in rm.split_comparisons(prompts, 0.01, 0)[1]}) == 1
     assert rm.split_comparisons(["a"] * 4, 0.5, 0) == ([], [0, 1, 2, 3])
+
+
+def newton_bradley_terry(chosen, rejected, l2, std, iterations=50):
+    """The reference fit in numpy, on the raw features: Newton's method on mean(log(1 + exp(-d.w))) +
+    l2 sum((std * w)^2), d = chosen - rejected (Newton's steps do not care how the features are scaled)."""
+    d = chosen - rejected
+    w = np.zeros(d.shape[1])
+    for _ in range(iterations):
+        p = 1 / (1 + np.exp(-(d @ w)))
+        w -= np.linalg.solve((d.T * (p * (1 - p))) @ d / len(d) + 2 * l2 * np.diag(std ** 2),
+                             bradley_terry_gradient(chosen, rejected, l2, std, w))
+    return w
+
+
+def bradley_terry_gradient(chosen, rejected, l2, std, w):
+    """The gradient in w of mean over pairs of -log sigma(d.w) + l2 sum((std * w)^2), written out."""
+    d = chosen - rejected
+    return -(d * (1 / (1 + np.exp(d @ w)))[:, None]).mean(0) + 2 * l2 * std ** 2 * w
+
+
+def badly_scaled_pairs(n, hidden, seed, noise=1.0):
+    """Features with an offset and a few huge and tiny dimensions, as a language model's final states; chosen
+    or rejected by a linear rule with noise (noise 0: separable)."""
+    rng = np.random.default_rng(seed)
+    scale = np.ones(hidden)
+    scale[:2], scale[2:4] = 100.0, 0.1
+    features = (rng.normal(size=(2 * n, hidden)) + 3.0) * scale
+    rule = rng.normal(size=hidden) / scale
+    margins = (features[:n] - features[n:]) @ rule + noise * rng.logistic(size=n)
+    first = (margins > 0)[:, None]
+    return np.where(first, features[:n], features[n:]), np.where(first, features[n:], features[:n]), rule
+
+
+def test_fit_probe_is_the_minimum_of_the_regularized_loss():
+    """detail 45: the weight fit_probe returns has the gradient 0 of mean(-log sigma(w.(chosen - rejected)))
+    + l2 |w * std|^2 (written out in numpy), std over all the responses; it is Newton's minimum on the raw
+    features (so fitting on standardized features and folding the std back is exact), with and without L2."""
+    chosen, rejected, _ = badly_scaled_pairs(400, 12, seed=0)
+    std = np.concatenate([chosen, rejected]).std(0, ddof=1)
+    for l2 in (0.05, 0.0):
+        w = rm.fit_probe(*(torch.tensor(x, dtype=torch.float32) for x in (chosen, rejected)), l2).numpy()
+        # float32 features in, as the backbone's: the reference sees the same float32 values
+        c32, r32 = (x.astype(np.float32).astype(np.float64) for x in (chosen, rejected))
+        std32 = np.concatenate([c32, r32]).std(0, ddof=1)
+        gradient = bradley_terry_gradient(c32, r32, l2, std32, w)
+        assert np.abs(gradient / std32).max() < 1e-6, l2  # per unit of the standardized weight
+        assert np.abs(bradley_terry_gradient(c32, r32, l2, std32, np.zeros(12)) / std32).max() > 0.1
+        expected = newton_bradley_terry(c32, r32, l2, std32)
+        assert np.abs(bradley_terry_gradient(c32, r32, l2, std32, expected) / std32).max() < 1e-10
+        np.testing.assert_allclose((c32 - r32) @ w, (c32 - r32) @ expected, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(w * std32, expected * std32, rtol=1e-5, atol=1e-6)
+    # the L2 is on the standardized weight: on the raw one (or without the std) the minimum is elsewhere
+    unscaled = newton_bradley_terry(chosen, rejected, 0.05, np.ones(12))
+    assert np.abs((unscaled - newton_bradley_terry(chosen, rejected, 0.05, std)) * std).max() > 1e-2
+    assert std.max() / std.min() > 500  # the scales really differ
+
+
+def test_fit_probe_separates_separable_pairs():
+    """Pairs ordered by a linear rule without noise, those it orders by a wide margin: the fitted head orders
+    every pair as labeled, its direction close to the rule's; chosen and rejected swapped, the weight flips
+    sign."""
+    chosen, rejected, rule = badly_scaled_pairs(600, 8, seed=1, noise=0.0)
+    margins = (chosen - rejected) @ rule
+    wide = margins > 0.5 * margins.std()
+    chosen, rejected = chosen[wide], rejected[wide]
+    assert len(chosen) > 150
+    c, r = torch.tensor(chosen), torch.tensor(rejected)
+    w = rm.fit_probe(c, r, 1e-3).numpy()
+    assert ((chosen - rejected) @ w > 0).all()
+    std = np.concatenate([chosen, rejected]).std(0, ddof=1)
+    cosine = (w * std) @ (rule * std) / np.linalg.norm(w * std) / np.linalg.norm(rule * std)
+    assert cosine > 0.9
+    np.testing.assert_allclose(rm.fit_probe(r, c, 1e-3).numpy(), -w, rtol=1e-5, atol=1e-8)
 
 
 def test_truncate_after_stop_token():
@@ -542,11 +616,12 @@ def test_accumulated_micro_batches_give_the_gradient_of_the_whole_batch(tiny, tm
 
 
 def test_learning_a_separable_preference_and_the_logs(tiny, tmp_path):
-    """gold `length` with beta ~ 0: the longer response is chosen (ties aside). A few epochs must put the
-    held-out accuracy near the gold labeler's; an untrained or broken model stays near 1/2."""
+    """gold `length` with beta ~ 0: the longer response is chosen (ties aside). A few epochs from a random
+    head (--no-probe) must put the held-out accuracy near the gold labeler's; an untrained or broken model
+    stays near 1/2."""
     args = tiny_args(tiny, tmp_path, model_name=tiny["stops"], num_comparisons=192, eval_fraction=0.25,
                      batch_size=16, num_epochs=4, learning_rate=3e-3, head_learning_rate=1e-2, gold_beta=1e-6,
-                     eval_every=3, response_length=12)
+                     eval_every=3, response_length=12, probe=False)
     result = rm.main(args)
     scalars = read_scalars(result["run_dir"])
     lines = read_lines(result["preferences"])
@@ -597,7 +672,7 @@ def test_main_passes_each_quantity_where_it_belongs(tiny, tmp_path, monkeypatch)
         comparisons[i]["gold_chosen"], comparisons[i]["gold_rejected"] = 0.0, 1.0
     args = tiny_args(tiny, tmp_path, gold=None, preferences=write_lines(tmp_path / "p.jsonl", comparisons),
                      eval_fraction=0.25, seed=seed, batch_size=6, gradient_accumulation_steps=2, num_epochs=2,
-                     eval_every=0)
+                     eval_every=0, probe=False)  # a random head: micro-batches of differing accuracies
 
     evaluated, trained = [], []  # each evaluation's comparisons; each micro-batch's texts and scores
     real_evaluate, real_score_texts = rm.evaluate, rm.score_texts
@@ -660,7 +735,8 @@ def test_one_step_trains_every_parameter_the_head_at_its_own_learning_rate(tiny,
     """After the first backward pass, every parameter (the backbone's and the head's) has a nonzero
     gradient, and the optimizer changes them all; Adam's first step moves a weight by its learning rate times
     g / (|g| + eps), so the largest move is about the learning rate: --head-learning-rate for the head,
-    --learning-rate for the backbone (detail 40)."""
+    --learning-rate for the backbone (detail 40). The parameters before the step are recorded at the gradient
+    clipping, after the probe (detail 45)."""
     grads, models = [], []
     real_clip = torch.nn.utils.clip_grad_norm_
     real_load = rm.load_reward_model
@@ -668,11 +744,11 @@ def test_one_step_trains_every_parameter_the_head_at_its_own_learning_rate(tiny,
     def clip(parameters, *a, **kw):
         parameters = list(parameters)
         grads.append([p.grad for p in parameters])
+        models.append({n: p.detach().clone() for n, p in models[0].named_parameters()})
         return real_clip(parameters, *a, **kw)
 
     def load(*a):
         models.append(real_load(*a))
-        models.append({n: p.detach().clone() for n, p in models[0].named_parameters()})
         return models[0]
 
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip)
@@ -689,6 +765,88 @@ def test_one_step_trains_every_parameter_the_head_at_its_own_learning_rate(tiny,
     moves = {name: (p - initial[name]).abs().max().item() for name, p in named.items()}
     assert moves.pop("score.weight") == pytest.approx(3e-2, rel=1e-2)
     assert max(moves.values()) == pytest.approx(1e-4, rel=1e-2)
+
+
+def readout_state_by_hand(backbone, tokenizer, prompt: str, response: str, readout: str) -> np.ndarray:
+    """The final state the head reads of prompt + response + EOS, the text alone: at the EOS (--readout end)
+    or the mean over the tokens after the prompt's own tokenization and the EOS (mean)."""
+    prompt_ids, ids = tokenizer(prompt)["input_ids"], tokenizer(prompt + response + EOS)["input_ids"]
+    assert ids[: len(prompt_ids)] == prompt_ids  # the response's tokens are those after the prompt's
+    with torch.no_grad():
+        hidden = backbone(input_ids=torch.tensor([ids])).last_hidden_state[0].double().numpy()
+    return hidden[-1] if readout == "end" else hidden[len(prompt_ids) :].mean(0)
+
+
+@pytest.mark.parametrize("readout", ["mean", "end"])
+def test_the_probe_fits_the_head_on_the_frozen_features_before_training(tiny, tmp_path, monkeypatch, readout):
+    """detail 45, main()'s wiring. With --probe (the default) the head that the step-0 evaluation reads is
+    Newton's fit (numpy) on features computed here from the frozen policy, each text alone, of the training
+    comparisons only; eval/accuracy and eval/reward_loss at step 0 are that head's on the held-out pairs; then
+    the head trains at --learning-rate. With --no-probe the step-0 head is the random one from loading, its
+    held-out loss logged, and it trains at 1e-3. An explicit --head-learning-rate wins in both."""
+    n, seed, l2 = 24, 1, 0.03
+    prompts = [rm.PROMPTS[i // 2] for i in range(n)]  # 12 prompts, two comparisons each
+    keys = {p: random.Random(f"{seed} {p}").random() for p in prompts}  # detail 39, written out
+    held_out_prompts = sorted(keys, key=keys.get)[:3]
+    held_out = [i for i in range(n) if prompts[i] in held_out_prompts]
+    training = [i for i in range(n) if i not in held_out]
+    rng = random.Random(0)
+    good = [" a fine film", " great acting", " I loved it", " the best"]
+    bad = [" a dull film", " awful acting", " I hated it", " the worst"]
+    comparisons = [{"prompt": prompts[i], "chosen": rng.choice(good) + rng.choice(good + bad) + ".",
+                    "rejected": rng.choice(bad) + rng.choice(good + bad) + "."} for i in range(n)]
+    preferences = write_lines(tmp_path / "p.jsonl", comparisons)
+
+    backbone = GPT2LMHeadModel.from_pretrained(tiny["policy"]).transformer.eval()
+    tokenizer = AutoTokenizer.from_pretrained(tiny["policy"])
+    features = {key: np.stack([readout_state_by_hand(backbone, tokenizer, c["prompt"], c[key], readout)
+                               for c in comparisons]) for key in ("chosen", "rejected")}
+    chosen, rejected = features["chosen"][training], features["rejected"][training]
+    std = np.concatenate([chosen, rejected]).std(0, ddof=1)
+    expected_head = newton_bradley_terry(chosen, rejected, l2, std)
+    held_out_differences = features["chosen"][held_out] - features["rejected"][held_out]
+
+    def held_out_stats(head):  # (accuracy, reward_loss) of a head on the held-out pairs, by hand
+        margins = held_out_differences @ head
+        return np.mean((margins > 0) + 0.5 * (margins == 0)), np.mean(np.log1p(np.exp(-margins)))
+
+    heads, real_load, real_evaluate = [], rm.load_reward_model, rm.evaluate
+
+    def load(*a):  # the head as loaded (random), then the head at each evaluation
+        model = real_load(*a)
+        heads.append(model.score.weight.detach().double().clone()[0].numpy())
+        return model
+
+    def evaluate(model, *a):
+        heads.append(model.score.weight.detach().double().clone()[0].numpy())
+        return real_evaluate(model, *a)
+
+    monkeypatch.setattr(rm, "load_reward_model", load)
+    monkeypatch.setattr(rm, "evaluate", evaluate)
+    runs = {}
+    for probe, head_lr in ((True, None), (False, None), (True, 3e-2), (False, 3e-2)):
+        heads.clear()
+        result = rm.main(tiny_args(tiny, tmp_path / f"{probe}{head_lr}", gold=None, preferences=preferences,
+                                   eval_fraction=0.25, seed=seed, batch_size=6, eval_every=0, readout=readout,
+                                   learning_rate=1e-4, head_learning_rate=head_lr, probe=probe, probe_l2=l2))
+        scalars = read_scalars(result["run_dir"])
+        assert result["steps"] == 3 and len(heads) == 3  # loaded, step 0, the end
+        head_learning_rate = head_lr or (1e-4 if probe else 1e-3)  # the backbone's after the probe
+        assert scalars["charts/head_learning_rate"][0] == (1, pytest.approx(head_learning_rate))
+        runs[probe, head_lr] = heads[:2], scalars["eval/accuracy"][0], scalars["eval/reward_loss"][0]
+
+    (random_head, probed_head), accuracy, loss = runs[True, None]
+    np.testing.assert_allclose(probed_head * std, expected_head * std, rtol=1e-3, atol=1e-4)
+    assert accuracy == (0, pytest.approx(held_out_stats(expected_head)[0]))
+    assert loss == (0, pytest.approx(held_out_stats(expected_head)[1], rel=1e-3))
+    assert abs(held_out_stats(random_head)[1] - loss[1]) > 0.05  # the random head's loss differs
+    (loaded_head, step_0_head), accuracy, loss = runs[False, None]
+    np.testing.assert_array_equal(step_0_head, loaded_head)
+    np.testing.assert_array_equal(loaded_head, random_head)  # the same seed, the same random head
+    assert accuracy == (0, pytest.approx(held_out_stats(loaded_head)[0]))
+    assert loss == (0, pytest.approx(held_out_stats(loaded_head)[1], rel=1e-3))
+    explicit = runs[True, 3e-2]  # --head-learning-rate changes the rate, not the probe
+    assert explicit[0][1] == pytest.approx(probed_head) and explicit[1:] == runs[True, None][1:]
 
 
 @pytest.mark.parametrize("policy, readout", [("policy", "mean"), ("smol", "mean"), ("policy", "end"),
@@ -797,6 +955,8 @@ BAD_FILES = {
     (dict(readout="first"), "--readout must be `mean`, `end` or `last`"),
     (dict(head_learning_rate=0.0), "--head-learning-rate"),
     (dict(head_learning_rate=float("inf")), "--head-learning-rate"),
+    (dict(probe_l2=-1.0), "--probe-l2 must be at least 0 \\(got -1.0\\)"),
+    (dict(probe_l2=float("nan")), "--probe-l2 must be at least 0"),
     (dict(num_comparisons=0), "--num-comparisons"),
     (dict(num_epochs=0), "--num-epochs"),
     (dict(temperature=0.0), "--temperature"),
@@ -879,13 +1039,13 @@ def test_ctrl_c_keeps_the_file_the_logs_and_saves(tiny, tmp_path, monkeypatch):
     def preference_loss(*a):
         nonlocal calls
         calls += 1
-        if calls == 3:  # 1: the step-0 evaluation, 2: step 1, 3: step 2
+        if calls == 3:  # 1: the step-0 evaluation, 2: step 1, 3: step 2 (no probe: its loss would count)
             raise KeyboardInterrupt
         return real_loss(*a)
 
     monkeypatch.setattr(rm, "preference_loss", preference_loss)
     try:
-        result = rm.main(tiny_args(tiny, tmp_path, save_model=True))
+        result = rm.main(tiny_args(tiny, tmp_path, save_model=True, probe=False))
     except KeyboardInterrupt:
         pytest.fail("a Ctrl-C during training escaped main() instead of ending the run cleanly")
     assert calls == 3 and result["steps"] == 2
@@ -895,6 +1055,19 @@ def test_ctrl_c_keeps_the_file_the_logs_and_saves(tiny, tmp_path, monkeypatch):
     assert [s for s, _ in scalars["eval/accuracy"]] == [0]
     assert "eval_accuracy" not in result
     AutoModelForSequenceClassification.from_pretrained(result["model_path"])
+
+
+def test_ctrl_c_during_the_probe_keeps_the_logs(tiny, tmp_path, monkeypatch):
+    def fit_probe(*a):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(rm, "fit_probe", fit_probe)
+    try:
+        result = rm.main(tiny_args(tiny, tmp_path))
+    except KeyboardInterrupt:
+        pytest.fail("a Ctrl-C during the probe escaped main() instead of ending the run cleanly")
+    assert result["steps"] == 0 and "eval_accuracy" not in result
+    assert len(read_lines(result["preferences"])) == 32
 
 
 def test_ctrl_c_while_saving_closes_the_logs(tiny, tmp_path, monkeypatch):
