@@ -90,7 +90,7 @@ class Args:
     # data
     preferences: str | None = None  # a JSONL file of comparisons, {"prompt", "chosen", "rejected"} a line
     eval_fraction: float = 0.1  # share of the distinct prompts held out with all their comparisons (seeded)
-    split_seed: int | None = None  # seed of that split (None: --seed): seeds of DPO on one reward model's split
+    split_seed: int | None = None  # seed of that split (None: --seed), to vary --seed on one split
     gold: str | None = None  # scores held-out samples: `vader`, `length`, a classifier folder (None: KL only)
     gold_label: int = 1  # --gold FOLDER: the classifier's logit used as the gold score (one label: it)
 
