@@ -403,22 +403,30 @@ def report(args: Report) -> str:
              "95% t-interval (best-of-n: over prompts); \"m/n\": only m of the n seeds reached that KL. CPU: "
              "minutes of training per run, one thread, the evaluation excluded.", "",
              "| method | setting | seeds | " + " | ".join(f"gold at KL {t:g}" for t in KL_TARGETS) +
-             " | CPU minutes |", "|---" * (5 + len(KL_TARGETS)) + "|"]
+             " | last point: KL, gold | CPU minutes |", "|---" * (5 + len(KL_TARGETS)) + "|"]
     for row in frontier_rows(records):
         cells = []
         for target in KL_TARGETS:
             v = row[target]
-            cells.append("-" if v is None else f"{v[2]}/{len(row['seeds'])} reached" if v[0] is None
-                         else f"{v[0]:.3f} ± {v[1]:.3f}")
-        lines.append(f"| {row['method']} | {row['setting']} | {len(row['seeds'])} | " + " | ".join(cells) +
-                     f" | {row['cpu_minutes']:.1f} |")
+            n = len(row["seeds"])
+            cells.append("not reached" if v is None or v[2] == 0 else f"{v[2]}/{n} reached" if v[0] is None
+                         else f"{v[0]:.3f}" + (f" ± {v[1]:.3f}" if v[2] > 1 else ""))
+        last = [r["points"][-1] for r in records if (r["method"], r["setting"]) == (row["method"], row["setting"])]
+        seeds = ", ".join(map(str, row["seeds"])) if row["method"] != BEST_OF_N else "-"
+        lines.append(f"| {row['method']} | {row['setting']} | {seeds} | " + " | ".join(cells) +
+                     f" | {np.mean([p['kl'] for p in last]):.2f}, {np.mean([p['gold'] for p in last]):.3f} | "
+                     f"{row['cpu_minutes']:.1f} |")
     if rm_record:
         lines += ["", f"The reward model (ppo, grpo, best_of_n): held-out accuracy "
                   f"{rm_record['held_out_accuracy']:.3f}, {rm_record['cpu_minutes']:.1f} CPU minutes to train: "
-                  f"`{rm_record['command']}`."]
-    lines += ["", "Commands (each run also gets the experiment's `--runs-dir`):", ""]
+                  f"`{rm_record['command'].replace(rm_record['preferences'], 'vader_2000.jsonl')}`."]
+    lines += ["", "Each run's command (seed 1; `reward_model/model`: the folder the reward-model step saved; each run "
+              "also gets the experiment's `--runs-dir`):", ""]
     for r in {(r["method"], r["setting"]): r for r in records if "command" in r}.values():
-        command = r["command"].replace(f" --seed {r['seed']}", " --seed S")
+        command = r["command"].replace(f" --seed {r['seed']}", " --seed 1")
+        if rm_record:  # the paths of this machine, as the page names them
+            command = command.replace(os.path.dirname(rm_record["model_path"]), "reward_model").replace(
+                rm_record["preferences"], os.path.basename(rm_record["preferences"]))
         lines.append(f"- {r['method']}, {r['setting']}: `{command}`")
     colors = {"dpo": "C0", "ppo": "C1", "grpo": "C2", "ppo_gold": "C3", BEST_OF_N: "C4"}
     fig, ax = plt.subplots(figsize=(7, 4.5))
