@@ -125,16 +125,20 @@ class Report:
 # --------------------------------------------------------------------------------------------------- the math
 
 
-def gold_at_kl(points: list[dict], target: float) -> float | None:
-    """The gold where a run's KL first reaches target, linear between that point and the one before (points
-    in training order, the first the initial policy); None if it never does."""
+def at_kl(points: list[dict], target: float, key: str = "gold"):
+    """points[key] (a number, or a list: each prompt's gold) where a run's KL first reaches target, linear between
+    that point and the one before (points in training order, the first the initial policy); None if it never does."""
     for before, after in zip(points, points[1:]):
         if after["kl"] >= target:
-            if after["kl"] == before["kl"]:
-                return after["gold"]
-            w = (target - before["kl"]) / (after["kl"] - before["kl"])
-            return before["gold"] + min(max(w, 0.0), 1.0) * (after["gold"] - before["gold"])
+            w = 1.0 if after["kl"] == before["kl"] else (target - before["kl"]) / (after["kl"] - before["kl"])
+            w = min(max(w, 0.0), 1.0)
+            return (1 - w) * np.asarray(before[key]) + w * np.asarray(after[key])
     return None
+
+
+def gold_at_kl(points: list[dict], target: float) -> float | None:
+    value = at_kl(points, target)
+    return None if value is None else float(value)
 
 
 def t_interval(values: list[float]) -> tuple[float, float]:
@@ -224,7 +228,7 @@ def initial_point(frontier: Frontier, runs: str) -> dict:
     """The initial policy's point, measured once and shared by every run (KL 0 by construction)."""
     path = os.path.join(runs, "initial.json")
     if not os.path.exists(path):
-        write_json(path, {**frontier.point(frontier.reference), "common": settings_of(frontier.common)})
+        write_json(path, {**frontier.point(frontier.reference), "common": dataclasses.asdict(frontier.common)})
     return read_json(path)
 
 
@@ -428,12 +432,22 @@ def report(args: Report) -> str:
             command = command.replace(os.path.dirname(rm_record["model_path"]), "reward_model").replace(
                 rm_record["preferences"], os.path.basename(rm_record["preferences"]))
         lines.append(f"- {r['method']}, {r['setting']}: `{command}`")
+    lines += ["", "At each DPO run's last KL, the other runs of its seed (each prompt's gold interpolated at that KL): "
+              "DPO's gold minus theirs, 95% intervals over prompts (paired):", ""]
+    for d in [r for r in records if r["method"] == "dpo"]:
+        last = d["points"][-1]
+        for r in [r for r in records if r["method"] not in ("dpo", BEST_OF_N) and r["seed"] == d["seed"]]:
+            other = at_kl(r["points"], last["kl"], "gold_per_prompt")
+            if other is not None:
+                diff = np.array(last["gold_per_prompt"]) - other
+                lines.append(f"- dpo {d['setting']} (seed {d['seed']}, KL {last['kl']:.2f}, gold {last['gold']:.3f}) "
+                             f"minus {r['method']} {r['setting']}: {diff.mean():+.3f} ± "
+                             f"{1.96 * diff.std(ddof=1) / math.sqrt(len(diff)):.3f}")
     colors = {"dpo": "C0", "ppo": "C1", "grpo": "C2", "ppo_gold": "C3", BEST_OF_N: "C4"}
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for r in records:
-        points = r["points"] if r["method"] == BEST_OF_N else r["points"]
-        kl = [0.0] * (r["method"] == BEST_OF_N) + [p["kl"] for p in points]
-        gold = [initial["gold"]] * (r["method"] == BEST_OF_N) + [p["gold"] for p in points]
+        kl = [0.0] * (r["method"] == BEST_OF_N) + [p["kl"] for p in r["points"]]
+        gold = [initial["gold"]] * (r["method"] == BEST_OF_N) + [p["gold"] for p in r["points"]]
         ax.plot(kl, gold, "o-", color=colors[r["method"]], alpha=0.6, ms=3, lw=1,
                 label=f"{r['method']}" if r is next(x for x in records if x["method"] == r["method"]) else None)
     ax.set_xlabel("KL(policy || initial policy), nats per response")
@@ -452,11 +466,6 @@ def report(args: Report) -> str:
 
 
 # -------------------------------------------------------------------------------------------------- plumbing
-
-
-def settings_of(common: Common) -> dict:
-    return {k: v for k, v in dataclasses.asdict(common).items() if k in ("model_name", "num_prompts",
-                                                                         "samples_per_prompt", "eval_seed")}
 
 
 def check_file(path: str) -> None:
@@ -478,12 +487,8 @@ def write_json(path: str, record: dict) -> None:
 
 
 def main(args) -> None:
-    if isinstance(args, RewardModel):
-        run_reward_model(args)
-    elif isinstance(args, Run):
-        run(args)
-    else:
-        print(report(args))
+    run_reward_model(args) if isinstance(args, RewardModel) else run(args) if isinstance(args, Run) else print(
+        report(args))
 
 
 if __name__ == "__main__":

@@ -32,6 +32,24 @@ def test_gold_at_kl_by_hand():
     assert F.gold_at_kl(wavy, 3.0) == pytest.approx(0.75)
 
 
+def test_each_prompt_s_gold_at_a_kl_and_the_paired_comparison_by_hand(tmp_path):
+    point = lambda kl, per_prompt: {"kl": kl, "gold": float(np.mean(per_prompt)), "gold_se": 0.0,
+                                    "gold_per_prompt": per_prompt}
+    ppo = [point(0.0, [0.0, 0.0, 0.0]), point(2.0, [0.2, 0.4, 0.6]), point(4.0, [1.0, 1.0, 1.0])]
+    np.testing.assert_allclose(F.at_kl(ppo, 1.0, "gold_per_prompt"), [0.1, 0.2, 0.3])
+    np.testing.assert_allclose(F.at_kl(ppo, 3.0, "gold_per_prompt"), [0.6, 0.7, 0.8])
+    runs = tmp_path / "runs"
+    for method, points in (("dpo", [point(0.0, [0.0, 0.0, 0.0]), point(1.0, [0.3, 0.3, 0.6])]), ("ppo", ppo)):
+        (runs / method).mkdir(parents=True)
+        (runs / method / "a__1.json").write_text(json.dumps(
+            {"method": method, "setting": "a", "seed": 1, "cpu_minutes": 1.0, "points": points, "command": "c"}))
+    (runs / "initial.json").write_text(json.dumps(point(0.0, [0.0, 0.0, 0.0])))
+    text = F.report(F.Report(runs=str(runs), out=str(tmp_path / "page")))
+    # differences (0.2, 0.1, 0.3): mean 0.2, std 0.1, 95% half-width 1.96 * 0.1 / sqrt(3) = 0.113
+    assert "- dpo a (seed 1, KL 1.00, gold 0.400) minus ppo a: +0.200 ± 0.113" in text
+    assert "| ppo | a | 1 | 0.200 | 0.700 | not reached | 4.00, 1.000 | 1.0 |" in text
+
+
 def test_t_interval_by_hand():
     mean, half = F.t_interval([0.1, 0.3, 0.5])
     # std 0.2, sqrt(3), t(0.975, 2) = 4.303
