@@ -63,10 +63,11 @@ KL_TARGETS = (1.0, 3.0, 6.0)
 # on the same schedule, so that the methods differ and the update schedule does not.
 RL = "--total-episodes 1280 --batch-size 64 --num-minibatches 4 --update-epochs 1 --learning-rate 5e-5 --eval-every 4"
 # DPO on the reward model's split, at the reward model's learning rate (its default 5e-6 barely moves the policy
-# in the one epoch of this file). method: (script, {setting: flags}); {rm}: the reward model, {prefs}: the file
+# in the one epoch of this file) and, to reach further KLs in that epoch, at 5e-5. method: (script, {setting: flags}); {rm}: the reward model, {prefs}: the file
 METHODS = {
-    "dpo": (dpo, {f"beta {b}": f"--beta {b} --preferences {{prefs}} --eval-fraction 0.2 --split-seed 1 "
-                  "--learning-rate 2e-5 --eval-every 17" for b in ("0.1", "0.03", "0.3")}),
+    "dpo": (dpo, {f"beta {b}" + (" lr 5e-5" if lr == "5e-5" else ""): f"--beta {b} --preferences {{prefs}} "
+                  f"--eval-fraction 0.2 --split-seed 1 --learning-rate {lr} --eval-every 17"
+                  for b, lr in (("0.1", "2e-5"), ("0.03", "2e-5"), ("0.3", "2e-5"), ("0.1", "5e-5"))}),
     "ppo": (rlhf, {f"kl_coef {k}": f"--reward-model {{rm}} --kl-coef {k} --kl-target None {RL}"
                    for k in ("0.01", "0.05")}),
     "grpo": (grpo, {f"beta {b}": f"--reward-model {{rm}} --beta {b} {RL}" for b in ("0.04", "0.2")}),
