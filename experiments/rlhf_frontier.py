@@ -342,6 +342,7 @@ def run(args: Run) -> None:
         raise SystemExit(f"error: --methods {' '.join(sorted(needs_rm))} need the reward model: run "
                          "`python experiments/rlhf_frontier.py reward-model` first")
     reward_model = read_json(rm_record)["model_path"] if needs_rm else None
+    torch.set_num_threads(1)  # as the scripts' --num-threads 1: best-of-n runs in this process
     frontier = Frontier(args)
     initial = initial_point(frontier, os.path.join(ROOT, args.runs))
     if BEST_OF_N in args.methods:
