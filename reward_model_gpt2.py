@@ -126,7 +126,7 @@ class Args:
 
 
 # ------------------------------------------------------------------------------------------------------------
-# Sampling the comparisons: ppo_rlhf_gpt2.py's generation, copied (no code is shared between the scripts).
+# The gold labeler's comparisons (--gold); the generation is ppo_rlhf_gpt2.py's, copied below the plumbing.
 
 
 def model_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict:
@@ -138,38 +138,6 @@ def model_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict:
     input_ids = input_ids.masked_fill(~attention_mask, 0)
     return dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                 use_cache=False)
-
-
-@torch.inference_mode()
-def generate(policy, queries: torch.Tensor, response_length: int, temperature: float, pad_token_id: int):
-    """Sample response_length tokens after each left-padded query (detail 24), with the KV cache."""
-    inputs = model_inputs(queries, queries != pad_token_id)  # detail 25
-    attention_mask, position_ids = inputs["attention_mask"], inputs["position_ids"]
-    input_ids, past_key_values, responses = inputs["input_ids"], None, []
-    for _ in range(response_length):
-        output = policy(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                        past_key_values=past_key_values, use_cache=True, logits_to_keep=1)
-        past_key_values = output.past_key_values
-        logits = output.logits[:, -1] / temperature  # detail 26
-        if pad_token_id < logits.shape[-1]:  # detail 23: a pad id inside the vocabulary is never sampled
-            logits[:, pad_token_id] = torch.finfo(logits.dtype).min
-        token = torch.multinomial(logits.softmax(-1), 1)  # detail 27: pure sampling
-        responses.append(token)
-        input_ids = token
-        attention_mask = torch.cat([attention_mask, torch.ones_like(token, dtype=torch.bool)], dim=1)
-        position_ids = position_ids[:, -1:] + 1
-    return torch.cat(responses, dim=1)
-
-
-def truncate_after_stop_token(responses: torch.Tensor, stop_token_id: int, pad_token_id: int,
-                              min_response_length: int = 0) -> torch.Tensor:
-    """detail 29: keep each response up to and including its first stop token at index min_response_length
-    or later, and pad what follows."""
-    is_stop = responses == stop_token_id
-    is_stop[:, :min_response_length] = False  # too early to end the response
-    last_index = torch.where(is_stop.any(dim=1), is_stop.int().argmax(dim=1), responses.shape[1] - 1)
-    padding_mask = torch.arange(responses.shape[1], device=responses.device) > last_index.unsqueeze(1)
-    return responses.masked_fill(padding_mask, pad_token_id)
 
 
 def bradley_terry_labels(gold_a: torch.Tensor, gold_b: torch.Tensor, beta: float,
@@ -289,14 +257,6 @@ def fit_probe(chosen_features: torch.Tensor, rejected_features: torch.Tensor, l2
     return w_std.detach() / std
 
 
-def texts_of(comparisons: list[dict], args: Args) -> tuple[list[str], list[int] | None]:
-    """The texts prompt + chosen of the comparisons, then prompt + rejected; and where each response starts
-    (the prompt's length) for --readout mean, None for the other readouts."""
-    texts = [c["prompt"] + c[key] for key in ("chosen", "rejected") for c in comparisons]
-    starts = [len(c["prompt"]) for _ in ("chosen", "rejected") for c in comparisons]
-    return texts, starts if args.readout == "mean" else None
-
-
 # ------------------------------------------------------------------------------------------------------------
 # Training
 
@@ -367,9 +327,7 @@ def main(args: Args) -> dict:
             with torch.no_grad():
                 reward_model.score.weight.copy_(fit_probe(chosen_features, rejected_features, args.probe_l2))
         held_out_evaluation()  # step 0: the probed head, or the random one
-        if args.probe:
-            print(f"probe: the head fitted on the frozen features (--probe-l2 {args.probe_l2:g}), held-out "
-                  f"accuracy {eval_stats['accuracy']:.3f}")
+        print(f"step 0 held-out accuracy {eval_stats['accuracy']:.3f}" + (" (probed)" if args.probe else ""))
         for epoch in range(args.num_epochs):  # detail 40
             order = torch.randperm(len(train_set)).tolist()
             for start in range(0, len(train_set) - args.batch_size + 1, args.batch_size):
@@ -439,6 +397,14 @@ def main(args: Args) -> dict:
 # ------------------------------------------------------------------------------------------------------------
 # Plumbing, skippable on a first reading: the held-out split and evaluation, argument checks, the preference
 # file, loading and saving.
+
+
+def texts_of(comparisons: list[dict], args: Args) -> tuple[list[str], list[int] | None]:
+    """The texts prompt + chosen of the comparisons, then prompt + rejected; and where each response starts
+    (the prompt's length) for --readout mean, None for the other readouts."""
+    texts = [c["prompt"] + c[key] for key in ("chosen", "rejected") for c in comparisons]
+    starts = [len(c["prompt"]) for _ in ("chosen", "rejected") for c in comparisons]
+    return texts, starts if args.readout == "mean" else None
 
 
 def end_token_of(tokenizer, args: Args) -> str:
@@ -731,6 +697,42 @@ def save_reward_model(reward_model: nn.Module, model_name: str, path: str, rewar
     reward_model.config.reward_readout = readout  # detail 36: `mean` over the response and end token, or not
     reward_model.save_pretrained(path)
     tokenizer.save_pretrained(path)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Generation, skippable: ppo_rlhf_gpt2.py's, copied (no code is shared between the scripts).
+
+
+@torch.inference_mode()
+def generate(policy, queries: torch.Tensor, response_length: int, temperature: float, pad_token_id: int):
+    """Sample response_length tokens after each left-padded query (detail 24), with the KV cache."""
+    inputs = model_inputs(queries, queries != pad_token_id)  # detail 25
+    attention_mask, position_ids = inputs["attention_mask"], inputs["position_ids"]
+    input_ids, past_key_values, responses = inputs["input_ids"], None, []
+    for _ in range(response_length):
+        output = policy(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                        past_key_values=past_key_values, use_cache=True, logits_to_keep=1)
+        past_key_values = output.past_key_values
+        logits = output.logits[:, -1] / temperature  # detail 26
+        if pad_token_id < logits.shape[-1]:  # detail 23: a pad id inside the vocabulary is never sampled
+            logits[:, pad_token_id] = torch.finfo(logits.dtype).min
+        token = torch.multinomial(logits.softmax(-1), 1)  # detail 27: pure sampling
+        responses.append(token)
+        input_ids = token
+        attention_mask = torch.cat([attention_mask, torch.ones_like(token, dtype=torch.bool)], dim=1)
+        position_ids = position_ids[:, -1:] + 1
+    return torch.cat(responses, dim=1)
+
+
+def truncate_after_stop_token(responses: torch.Tensor, stop_token_id: int, pad_token_id: int,
+                              min_response_length: int = 0) -> torch.Tensor:
+    """detail 29: keep each response up to and including its first stop token at index min_response_length
+    or later, and pad what follows."""
+    is_stop = responses == stop_token_id
+    is_stop[:, :min_response_length] = False  # too early to end the response
+    last_index = torch.where(is_stop.any(dim=1), is_stop.int().argmax(dim=1), responses.shape[1] - 1)
+    padding_mask = torch.arange(responses.shape[1], device=responses.device) > last_index.unsqueeze(1)
+    return responses.masked_fill(padding_mask, pad_token_id)
 
 
 # ------------------------------------------------------------------------------------------------------------
