@@ -171,9 +171,9 @@ class Frontier:
         self.prompts = overopt.load_eval_prompts(None, common.num_prompts)
 
     @torch.inference_mode()
-    def measure(self, policy, samples_per_prompt: int, reward_fn=None) -> dict:
+    def measure(self, policy, samples_per_prompt: int, reward_fn=None, batch_size: int = 16) -> dict:
         """(prompts, samples) arrays of gold, KL (k1, summed over the response) and, given reward_fn, its score;
-        the texts; the share that stopped."""
+        the texts; the share that stopped. batch_size prompts per pass (each pass its own draws)."""
         args, tokenizer = self.args, self.tokenizer
         prompts = [p for p in self.prompts for _ in range(samples_per_prompt)]
         was_training = policy.training
@@ -181,8 +181,8 @@ class Frontier:
         gold, kl, proxy, texts, stopped = [], [], [], [], []
         with torch.random.fork_rng():
             torch.manual_seed(self.common.eval_seed)
-            for i in range(0, len(prompts), args.forward_batch_size):
-                batch = prompts[i : i + args.forward_batch_size]
+            for i in range(0, len(prompts), batch_size):
+                batch = prompts[i : i + batch_size]
                 queries = tokenizer(batch, padding=True, truncation=True, max_length=args.max_query_length,
                                     return_tensors="pt")["input_ids"]
                 responses = dpo.generate(policy, queries, args.response_length, args.temperature,
@@ -301,7 +301,7 @@ def best_of_n_record(frontier: Frontier, reward_model: str, largest: int) -> dic
     reward model; each n's expected gold over all n-subsets, its KL bound."""
     reward_fn = rlhf.load_reward_fn(rlhf.Args(reward_model=reward_model, cuda=False), frontier.device)
     start = time.process_time()
-    m = frontier.measure(frontier.reference, largest, reward_fn)
+    m = frontier.measure(frontier.reference, largest, reward_fn, batch_size=64)  # no KL to compute: larger
     points, n = [], 1
     while n <= largest:
         _, gold = overopt.best_of_n(m["proxy"], m["gold"], n)
