@@ -259,22 +259,19 @@ def measured_by(frontier: Frontier, module, initial: dict, points: list, cpu: li
 
 
 def script_args(module, flags: str, seed: int, common: Common, runs_dir: str):
-    """The script's Args from its flags (tyro, as its command line), the seed and the common flags."""
-    tokens = shlex.split(f"{flags} {common.flags} --model-name {common.model_name} --seed {seed} "
-                         f"--runs-dir {runs_dir}")
-    return tyro.cli(module.Args, args=tokens, prog=os.path.basename(module.__file__))
-
-
-def command_of(module, flags: str, seed: int, common: Common) -> str:
-    return (f"python {os.path.basename(module.__file__)} {flags} {common.flags} --model-name {common.model_name} "
-            f"--seed {seed}")
+    """The script's Args from its command line (tyro, as the script reads it): the setting's flags, the common
+    flags, the model and the seed; and that command as the records print it (without --runs-dir)."""
+    command = f"{flags} {common.flags} --model-name {common.model_name} --seed {seed}"
+    args = tyro.cli(module.Args, args=shlex.split(f"{command} --runs-dir {runs_dir}"),
+                    prog=os.path.basename(module.__file__))
+    return args, f"python {os.path.basename(module.__file__)} {command}"
 
 
 def train_and_measure(frontier: Frontier, initial: dict, method: str, setting: str, seed: int, flags: str,
                       common: Common) -> dict:
     """One run of a script, measured along the way; the record of its points, steps and CPU time."""
     module = METHODS[method][0]
-    args = script_args(module, flags, seed, common, os.path.join(ROOT, common.runs, method, "tensorboard"))
+    args, command = script_args(module, flags, seed, common, os.path.join(ROOT, common.runs, method, "tensorboard"))
     points, eval_cpu = [], []
     start = time.process_time()
     with measured_by(frontier, module, initial, points, eval_cpu):
@@ -289,7 +286,7 @@ def train_and_measure(frontier: Frontier, initial: dict, method: str, setting: s
     unit = "comparisons" if module is dpo else "episodes"
     for step, point in zip(steps, points):
         point.update(step=step, **{unit: step * args.batch_size})
-    record = {"method": method, "setting": setting, "seed": seed, "command": command_of(module, flags, seed, common),
+    record = {"method": method, "setting": setting, "seed": seed, "command": command,
               "cpu_minutes": cpu / 60, "points": points, "run_dir": result["run_dir"]}
     if module is dpo:
         record["held_out_accuracy"] = [result["eval_accuracy"], result["eval_accuracy_stderr"]]
@@ -321,11 +318,11 @@ def run_reward_model(args: RewardModel) -> dict:
         return read_json(path)
     check_file(args.preferences)
     flags = f"--preferences {args.preferences} {args.rm_flags}"
-    rm_args = script_args(rm, flags, 1, args, os.path.join(ROOT, args.runs, "reward_model"))
+    rm_args, command = script_args(rm, flags, 1, args, os.path.join(ROOT, args.runs, "reward_model"))
     start = time.process_time()
     result = rm.main(rm_args)
     record = {"model_path": result["model_path"], "held_out_accuracy": result["eval_accuracy"],
-              "command": command_of(rm, flags, 1, args), "cpu_minutes": (time.process_time() - start) / 60,
+              "command": command, "cpu_minutes": (time.process_time() - start) / 60,
               "preferences": args.preferences}
     write_json(path, record)
     return record
