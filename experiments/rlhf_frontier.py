@@ -7,21 +7,18 @@ the reward model learned from them (reward_model_gpt2.py, then ppo_rlhf_gpt2.py 
 itself shows what the reward model stands in for, best-of-n on the reward model the frontier with no training.
 
 One evaluation for every method (`measure`): --samples-per-prompt responses to each of --num-prompts held-out
-prompts (the 64 openings of rlhf_overoptimization.py, which no method trains on: the preference file's prompts
-are ppo_rlhf_gpt2.PROMPTS), sampled as the RL files sample (dpo_gpt2.generate: temperature, response length,
-stop-token truncation), from one seeded random stream (every point draws the same random numbers); the gold score
-of prompt + response and the sequence-level KL to the initial policy estimated from the sampled tokens,
-sum_t log pi(y_t) - log pi_ref(y_t) (k1); means over prompts of each prompt's mean, standard errors over prompts.
-The scripts run unchanged in this process; their own held-out evaluation (ppo_rlhf_gpt2.evaluate,
-grpo_gpt2.evaluate, dpo_gpt2.evaluate_samples) is replaced for the run by `measure`, so each run is measured at
-its --eval-every points (its first call, at step 0, is the initial policy: the point all runs share). CPU time:
-process time of the run minus that of `measure`. Best-of-n: N responses per prompt from the initial policy, the
-reward model's best of n (expected over all n-subsets, rlhf_overoptimization.best_of_n), its KL the upper bound
-log n - (n - 1) / n.
+prompts (rlhf_overoptimization.py's 64 openings; the preference file's prompts are ppo_rlhf_gpt2.PROMPTS),
+sampled as the RL files sample (dpo_gpt2.generate), from one seeded random stream (the same draws at every
+point); the gold of prompt + response and the KL to the initial policy from the sampled tokens, sum_t log pi(y_t)
+- log pi_ref(y_t) (k1); means over prompts of each prompt's mean, standard errors over prompts. The scripts run
+unchanged in this process, their own held-out evaluation (ppo_rlhf_gpt2.evaluate, grpo_gpt2.evaluate,
+dpo_gpt2.evaluate_samples) replaced by `measure` at their --eval-every points (the first, at step 0, is the
+initial point all runs share). CPU time: the run's process time minus measure's. Best-of-n: N responses per
+prompt from the initial policy, the reward model's best of n (expected over all n-subsets), KL log n - (n-1)/n.
 
-Reading the frontier: each run's gold at KL 1, 3 and 6 nats, interpolated linearly between its first point at
-or past the KL and the one before (a run that never reaches it has no value there); over seeds, the mean and a
-95% t-interval. Best-of-n's interval is over prompts (it trains nothing, no seed).
+Reading the frontier: each run's gold at KL 1, 3 and 6 nats, linear between its first point at or past the KL
+and the one before (none where the run never reaches it); over seeds, the mean and a 95% t-interval, and DPO
+minus each other method a 95% Welch interval. Best-of-n's interval is over prompts (no training, no seed).
 
 Usage (from the repository root; each step skips the runs whose record exists, so it can span sittings):
     python experiments/rlhf_frontier.py reward-model --preferences vader_2000.jsonl
@@ -34,6 +31,7 @@ docs/results/rlhf_frontier.{md,png}, keeping what is above a line `<!-- generate
 import contextlib
 import dataclasses
 import glob
+import itertools
 import json
 import math
 import os
@@ -55,15 +53,14 @@ import grpo_gpt2 as grpo  # noqa: E402
 import ppo_rlhf_gpt2 as rlhf  # noqa: E402
 import reward_model_gpt2 as rm  # noqa: E402
 import rlhf_overoptimization as overopt  # noqa: E402  (the best-of-n math and the held-out prompts)
-from ppo_vs_grpo import T_975  # noqa: E402  (Student's t quantiles)
+from ppo_vs_grpo import T_975, difference_interval  # noqa: E402  (Student's t quantiles, Welch)
 
 KL_TARGETS = (1.0, 3.0, 6.0)
-# The schedule of the RL runs: 20 iterations of 64 responses, 4 minibatch steps each, one epoch, lr 5e-5 (the
-# PPO settings of docs/results/ppo_rlhf_gpt2.md; ppo_rlhf_gpt2.py's defaults take hours a run on a CPU), GRPO
-# on the same schedule, so that the methods differ and the update schedule does not.
+# The RL runs' schedule: 20 iterations of 64 responses, 4 minibatch steps each, one epoch, lr 5e-5 (the PPO
+# settings of docs/results/ppo_rlhf_gpt2.md; the defaults take hours a run on a CPU), GRPO's the same.
 RL = "--total-episodes 1280 --batch-size 64 --num-minibatches 4 --update-epochs 1 --learning-rate 5e-5 --eval-every 4"
-# DPO on the reward model's split, at the reward model's learning rate (its default 5e-6 barely moves the policy
-# in the one epoch of this file) and, to reach further KLs in that epoch, at 5e-5. method: (script, {setting: flags}); {rm}: the reward model, {prefs}: the file
+# method: (script, {setting: flags}); {rm}: the reward model, {prefs}: the file. DPO on the reward model's split,
+# at its learning rate (DPO's default 5e-6 barely moves the policy in one epoch) and, to reach further, at 5e-5.
 METHODS = {
     "dpo": (dpo, {f"beta {b}" + (" lr 5e-5" if lr == "5e-5" else ""): f"--beta {b} --preferences {{prefs}} "
                   f"--eval-fraction 0.2 --split-seed 1 --learning-rate {lr} --eval-every 17"
@@ -278,16 +275,15 @@ def train_and_measure(frontier: Frontier, initial: dict, method: str, setting: s
         result = module.main(args)
     cpu = time.process_time() - start - sum(eval_cpu)
     last = result["steps"] if module is dpo else args.num_iterations
-    every = args.eval_every
-    steps = [*range(0, last, every), last]
+    steps = [*range(0, last, args.eval_every), last]
     if len(steps) != len(points):
         raise RuntimeError(f"{method} {setting} seed {seed}: {len(points)} evaluations for steps {steps}: the "
                            "run was interrupted or the script evaluates at other steps")
     unit = "comparisons" if module is dpo else "episodes"
     for step, point in zip(steps, points):
         point.update(step=step, **{unit: step * args.batch_size})
-    record = {"method": method, "setting": setting, "seed": seed, "command": command,
-              "cpu_minutes": cpu / 60, "points": points, "run_dir": result["run_dir"]}
+    record = dict(method=method, setting=setting, seed=seed, command=command, cpu_minutes=cpu / 60, points=points,
+                  run_dir=result["run_dir"])
     if module is dpo:
         record["held_out_accuracy"] = [result["eval_accuracy"], result["eval_accuracy_stderr"]]
     return record
@@ -431,6 +427,15 @@ def report(args: Report) -> str:
             command = command.replace(os.path.dirname(rm_record["model_path"]), "reward_model").replace(
                 rm_record["preferences"], os.path.basename(rm_record["preferences"]))
         lines.append(f"- {r['method']}, {r['setting']}: `{command}`")
+    rows = {(r["method"], r["setting"]): r for r in frontier_rows(records) if len(r["seeds"]) > 1}
+    lines += ["", "Over seeds, where two settings each have two or more seeds and all of them reach the KL: DPO's "
+              "gold minus theirs, the mean over seeds and its 95% Welch interval:", ""]
+    for (a, b), target in itertools.product(itertools.permutations(rows, 2), KL_TARGETS):
+        ga, gb = ([gold_at_kl(r["points"], target) for r in records if (r["method"], r["setting"]) == key]
+                  for key in (a, b))
+        if a[0] == "dpo" != b[0] and None not in ga + gb:
+            lines.append("- {} {} minus {} {}, at KL {:g}: {:+.3f} ± {:.3f}".format(
+                *a, *b, target, *difference_interval(ga, gb)))
     lines += ["", "At each DPO run's last KL, the other runs of its seed (each prompt's gold interpolated at that KL): "
               "DPO's gold minus theirs, 95% intervals over prompts (paired):", ""]
     for d in [r for r in records if r["method"] == "dpo"]:
@@ -449,11 +454,9 @@ def report(args: Report) -> str:
         gold = [initial["gold"]] * (r["method"] == BEST_OF_N) + [p["gold"] for p in r["points"]]
         ax.plot(kl, gold, "o-", color=colors[r["method"]], alpha=0.6, ms=3, lw=1,
                 label=f"{r['method']}" if r is next(x for x in records if x["method"] == r["method"]) else None)
-    ax.set_xlabel("KL(policy || initial policy), nats per response")
-    ax.set_ylabel("gold (vader) on held-out prompts")
+    ax.set(xlabel="KL(policy || initial policy), nats per response", ylabel="gold (vader) on held-out prompts")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(os.path.join(ROOT, args.out + ".png"), dpi=100)
+    fig.savefig(os.path.join(ROOT, args.out + ".png"), dpi=100, bbox_inches="tight")
     text = "\n".join(lines) + f"\n\n![gold against KL]({os.path.basename(args.out)}.png)\n"
     md = os.path.join(ROOT, args.out + ".md")
     head = "# The reward-KL frontier\n\n"

@@ -50,6 +50,26 @@ def test_each_prompt_s_gold_at_a_kl_and_the_paired_comparison_by_hand(tmp_path):
     assert "| ppo | a | 1 | 0.200 | 0.700 | not reached | 4.00, 1.000 | 1.0 |" in text
 
 
+def test_the_differences_over_seeds_by_hand(tmp_path):
+    runs = tmp_path / "runs"
+    point = lambda kl, gold: {"kl": kl, "gold": gold, "gold_se": 0.0, "gold_per_prompt": [gold, gold]}
+    # gold at KL 3, halfway between the points at KL 2 and 4: dpo 0.5 and 0.7, ppo 0.2 and 0.4; only one
+    # ppo seed reaches KL 6, and grpo has one seed: no line for either
+    golds = {("dpo", 1): (0.4, 0.6, 0.7), ("dpo", 2): (0.6, 0.8, 0.9), ("ppo", 1): (0.1, 0.3, 0.5),
+             ("ppo", 2): (0.3, 0.5, None), ("grpo", 1): (0.0, 1.0, 1.0)}
+    for (method, seed), (g2, g4, g7) in golds.items():
+        points = [point(0.0, 0.0), point(2.0, g2), point(4.0, g4)] + ([point(7.0, g7)] if g7 else [])
+        (runs / method).mkdir(parents=True, exist_ok=True)
+        (runs / method / f"a__{seed}.json").write_text(json.dumps(
+            {"method": method, "setting": "a", "seed": seed, "cpu_minutes": 1.0, "points": points}))
+    (runs / "initial.json").write_text(json.dumps(point(0.0, 0.0)))
+    text = F.report(F.Report(runs=str(runs), out=str(tmp_path / "page")))
+    lines = [line for line in text.splitlines() if ", at KL " in line]
+    # difference 0.6 - 0.3; each mean's variance 0.02 / 2 = 0.01; Welch dof (0.02)^2 / (2 * 0.01^2) = 2,
+    # t(0.975, 2) = 4.303: half-width 4.303 * sqrt(0.02) = 0.609. At KL 1: 0.25 - 0.1, the same spread.
+    assert lines == ["- dpo a minus ppo a, at KL 1: +0.150 ± 0.304", "- dpo a minus ppo a, at KL 3: +0.300 ± 0.609"]
+
+
 def test_t_interval_by_hand():
     mean, half = F.t_interval([0.1, 0.3, 0.5])
     # std 0.2, sqrt(3), t(0.975, 2) = 4.303
