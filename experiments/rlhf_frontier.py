@@ -16,7 +16,7 @@ dpo_gpt2.evaluate_samples) replaced by `measure` at their --eval-every points (t
 initial point all runs share). CPU time: the run's process time minus measure's. Best-of-n: N responses per
 prompt from the initial policy, the reward model's best of n (expected over all n-subsets), KL log n - (n-1)/n.
 
-Reading the frontier: each run's gold at KL 1, 3 and 6 nats, linear between its first point at or past the KL
+Reading the frontier: each run's gold at KL 1, 2, 3 and 6 nats, linear between its first point at or past the KL
 and the one before (none where the run never reaches it); over seeds, the mean and a 95% t-interval, and DPO
 minus each other method a 95% Welch interval. Best-of-n's interval is over prompts (no training, no seed).
 
@@ -55,7 +55,7 @@ import reward_model_gpt2 as rm  # noqa: E402
 import rlhf_overoptimization as overopt  # noqa: E402  (the best-of-n math and the held-out prompts)
 from ppo_vs_grpo import T_975, difference_interval  # noqa: E402  (Student's t quantiles, Welch)
 
-KL_TARGETS = (1.0, 3.0, 6.0)
+KL_TARGETS = (1.0, 2.0, 3.0, 6.0)
 # The RL runs' schedule: 20 iterations of 64 responses, 4 minibatch steps each, one epoch, lr 5e-5 (the PPO
 # settings of docs/results/ppo_rlhf_gpt2.md; the defaults take hours a run on a CPU), GRPO's the same.
 RL = "--total-episodes 1280 --batch-size 64 --num-minibatches 4 --update-epochs 1 --learning-rate 5e-5 --eval-every 4"

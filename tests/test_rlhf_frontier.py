@@ -47,7 +47,7 @@ def test_each_prompt_s_gold_at_a_kl_and_the_paired_comparison_by_hand(tmp_path):
     text = F.report(F.Report(runs=str(runs), out=str(tmp_path / "page")))
     # differences (0.2, 0.1, 0.3): mean 0.2, std 0.1, 95% half-width 1.96 * 0.1 / sqrt(3) = 0.113
     assert "- dpo a (seed 1, KL 1.00, gold 0.400) minus ppo a: +0.200 ± 0.113" in text
-    assert "| ppo | a | 1 | 0.200 | 0.700 | not reached | 4.00, 1.000 | 1.0 |" in text
+    assert "| ppo | a | 1 | 0.200 | 0.400 | 0.700 | not reached | 4.00, 1.000 | 1.0 |" in text
 
 
 def test_the_differences_over_seeds_by_hand(tmp_path):
@@ -66,8 +66,10 @@ def test_the_differences_over_seeds_by_hand(tmp_path):
     text = F.report(F.Report(runs=str(runs), out=str(tmp_path / "page")))
     lines = [line for line in text.splitlines() if ", at KL " in line]
     # difference 0.6 - 0.3; each mean's variance 0.02 / 2 = 0.01; Welch dof (0.02)^2 / (2 * 0.01^2) = 2,
-    # t(0.975, 2) = 4.303: half-width 4.303 * sqrt(0.02) = 0.609. At KL 1: 0.25 - 0.1, the same spread.
-    assert lines == ["- dpo a minus ppo a, at KL 1: +0.150 ± 0.304", "- dpo a minus ppo a, at KL 3: +0.300 ± 0.609"]
+    # t(0.975, 2) = 4.303: half-width 4.303 * sqrt(0.02) = 0.609. At KL 1: 0.25 - 0.1, half the spread; at KL 2
+    # the points themselves, 0.5 - 0.2.
+    assert lines == ["- dpo a minus ppo a, at KL 1: +0.150 ± 0.304", "- dpo a minus ppo a, at KL 2: +0.300 ± 0.609",
+                     "- dpo a minus ppo a, at KL 3: +0.300 ± 0.609"]
 
 
 def test_t_interval_by_hand():
