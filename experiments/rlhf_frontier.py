@@ -59,12 +59,12 @@ KL_TARGETS = (1.0, 2.0, 3.0, 6.0)
 # The RL runs' schedule: 20 iterations of 64 responses, 4 minibatch steps each, one epoch, lr 5e-5 (the PPO
 # settings of docs/results/ppo_rlhf_gpt2.md; the defaults take hours a run on a CPU), GRPO's the same.
 RL = "--total-episodes 1280 --batch-size 64 --num-minibatches 4 --update-epochs 1 --learning-rate 5e-5 --eval-every 4"
-# method: (script, {setting: flags}); {rm}: the reward model, {prefs}: the file. DPO on the reward model's split,
-# at its learning rate (DPO's default 5e-6 barely moves the policy in one epoch) and, to reach further, at 5e-5.
+# method: (script, {setting: flags}); {rm}: the reward model, {prefs}: the file. DPO: (beta, lr, --eval-every), on
+# the reward model's split, at its lr (DPO's 5e-6 barely moves in an epoch), and to reach further at 5e-5 and 1e-4:
+DPO = (("0.1", "2e-5", 17), ("0.03", "2e-5", 17), ("0.3", "2e-5", 17), ("0.1", "5e-5", 17), ("0.1", "1e-4", 9))
 METHODS = {
-    "dpo": (dpo, {f"beta {b}" + (" lr 5e-5" if lr == "5e-5" else ""): f"--beta {b} --preferences {{prefs}} "
-                  f"--eval-fraction 0.2 --split-seed 1 --learning-rate {lr} --eval-every 17"
-                  for b, lr in (("0.1", "2e-5"), ("0.03", "2e-5"), ("0.3", "2e-5"), ("0.1", "5e-5"))}),
+    "dpo": (dpo, {f"beta {b}" + ("" if lr == "2e-5" else f" lr {lr}"): f"--beta {b} --preferences {{prefs}} "
+                  f"--eval-fraction 0.2 --split-seed 1 --learning-rate {lr} --eval-every {e}" for b, lr, e in DPO}),
     "ppo": (rlhf, {f"kl_coef {k}": f"--reward-model {{rm}} --kl-coef {k} --kl-target None {RL}"
                    for k in ("0.01", "0.05")}),
     "grpo": (grpo, {f"beta {b}": f"--reward-model {{rm}} --beta {b} {RL}" for b in ("0.04", "0.2")}),
