@@ -235,12 +235,12 @@ def measured_by(frontier: Frontier, module, initial: dict, points: list, cpu: li
     """Replace the script's held-out evaluation by frontier.point for the run (restored after): the first call
     (step 0, the initial policy) returns the shared initial point; the dict returned has the keys the script
     logs and prints."""
-    name = MEASURED[module]
+    name, begun = MEASURED[module], time.process_time()
     original = getattr(module, name)
 
-    def evaluation(policy, *args, **kwargs):
+    def evaluation(policy, *args, **kwargs):  # each point with the CPU minutes spent before it, measures excluded
         start = time.process_time()
-        point = initial if not points else frontier.point(policy)
+        point = {**(initial if not points else frontier.point(policy)), "cpu_minutes": (start - begun - sum(cpu)) / 60}
         points.append(point)
         cpu.append(time.process_time() - start)
         return {"raw_score_mean": point["gold"], "raw_score_stderr": point["gold_se"], "samples": [],

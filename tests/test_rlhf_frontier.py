@@ -139,6 +139,8 @@ def test_every_method_is_measured_by_the_one_evaluation(tiny_frontier, monkeypat
         assert first["gold"] == initial["gold"] and first["kl"] == 0.0
         assert all(p["kl"] != 0.0 for p in later)  # trained policies, measured against the reference
         assert record["cpu_minutes"] > 0 and "--seed 1" in record["command"]
+        cpu = [p["cpu_minutes"] for p in record["points"]]  # the training time before each point, measures excluded
+        assert 0 <= cpu[0] < cpu[1] < cpu[2] <= record["cpu_minutes"]
     # the last point is the policy the run saved, measured afresh
     frontier = F.Frontier(F.Common(**common))
     saved = F.dpo.load_policy(os.path.join(records["ppo"]["run_dir"], "model"), torch.device("cpu"))
