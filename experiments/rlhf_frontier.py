@@ -53,7 +53,7 @@ import grpo_gpt2 as grpo  # noqa: E402
 import ppo_rlhf_gpt2 as rlhf  # noqa: E402
 import reward_model_gpt2 as rm  # noqa: E402
 import rlhf_overoptimization as overopt  # noqa: E402  (the best-of-n math and the held-out prompts)
-from ppo_vs_grpo import T_975, difference_interval  # noqa: E402  (Student's t quantiles, Welch)
+from ppo_vs_grpo import difference_interval, mean_interval  # noqa: E402  (Welch's and the t-interval)
 
 KL_TARGETS = (1.0, 2.0, 3.0, 6.0)
 # The RL runs' schedule: 20 iterations of 64 responses, 4 minibatch steps each, one epoch, lr 5e-5 (the PPO
@@ -139,12 +139,14 @@ def gold_at_kl(points: list[dict], target: float) -> float | None:
     return None if value is None else float(value)
 
 
-def t_interval(values: list[float]) -> tuple[float, float]:
-    """Mean and the half-width of its 95% Student-t interval (0 for one value)."""
-    n = len(values)
-    if n < 2:
-        return float(np.mean(values)), 0.0
-    return float(np.mean(values)), T_975[min(n - 1, 20)] * float(np.std(values, ddof=1)) / math.sqrt(n)
+def cpu_at_kl(record: dict, target: float) -> float | None:
+    """The CPU minutes a run trained before its KL reached target, read as the gold is. An RL run recorded without
+    them: its minutes times the share of its iterations done (an estimate); a DPO one: None (its setup is uneven)."""
+    points = record["points"]
+    if "cpu_minutes" not in points[-1] and record["method"] in ("ppo", "grpo", "ppo_gold"):
+        points = [{**p, "cpu_minutes": record["cpu_minutes"] * p["step"] / points[-1]["step"]} for p in points]
+    value = at_kl(points, target, "cpu_minutes") if "cpu_minutes" in points[-1] else None
+    return None if value is None else float(value)
 
 
 def over_prompts(values: np.ndarray) -> tuple[float, float, list[float]]:
@@ -370,6 +372,9 @@ def frontier_rows(records: list[dict]) -> list[dict]:
         row = {"method": method, "setting": setting, "seeds": sorted(r["seed"] for r in runs),
                "cpu_minutes": float(np.mean([r["cpu_minutes"] for r in runs])), "command": runs[0]["command"]
                if "command" in runs[0] else None}
+        cpu = [cpu_at_kl(r, 3.0) for r in runs]  # and its CPU minutes to KL 3, "estimated" if any run's is
+        row["cpu_at_3"] = None if None in cpu else (float(np.mean(cpu)), any("cpu_minutes" not in r["points"][-1]
+                                                                             for r in runs))
         for target in KL_TARGETS:
             if method == BEST_OF_N:  # one curve, an interval over prompts
                 points = runs[0]["points"]
@@ -379,7 +384,7 @@ def frontier_rows(records: list[dict]) -> list[dict]:
                 continue
             values = [gold_at_kl(r["points"], target) for r in runs]
             reached = [v for v in values if v is not None]
-            row[target] = (*t_interval(reached), len(reached)) if len(reached) == len(values) else (
+            row[target] = (*mean_interval(reached)[:2], len(reached)) if len(reached) == len(values) else (
                 None, None, len(reached))
         out.append(row)
     return out
@@ -400,9 +405,11 @@ def report(args: Report) -> str:
              f"Initial policy: gold {initial['gold']:.3f} ± {initial['gold_se']:.3f} (standard error over "
              f"{len(initial['gold_per_prompt'])} held-out prompts). Gold at each KL: the mean over seeds and its "
              "95% t-interval (best-of-n: over prompts); \"m/n\": only m of the n seeds reached that KL. CPU: "
-             "minutes of training per run, one thread, the evaluation excluded.", "",
+             "minutes of training per run, one thread, the evaluation excluded; to KL 3: read along the run as the "
+             "gold is, \"≈\" where a run's record has no time at each point (its minutes times the share of its "
+             "iterations done).", "",
              "| method | setting | seeds | " + " | ".join(f"gold at KL {t:g}" for t in KL_TARGETS) +
-             " | last point: KL, gold | CPU minutes |", "|---" * (5 + len(KL_TARGETS)) + "|"]
+             " | last point: KL, gold | CPU minutes | CPU minutes to KL 3 |", "|---" * (6 + len(KL_TARGETS)) + "|"]
     for row in frontier_rows(records):
         cells = []
         for target in KL_TARGETS:
@@ -414,7 +421,8 @@ def report(args: Report) -> str:
         seeds = ", ".join(map(str, row["seeds"])) if row["method"] != BEST_OF_N else "-"
         lines.append(f"| {row['method']} | {row['setting']} | {seeds} | " + " | ".join(cells) +
                      f" | {np.mean([p['kl'] for p in last]):.2f}, {np.mean([p['gold'] for p in last]):.3f} | "
-                     f"{row['cpu_minutes']:.1f} |")
+                     f"{row['cpu_minutes']:.1f} | " + ("-" if row["cpu_at_3"] is None else "≈" *
+                                                        row["cpu_at_3"][1] + f"{row['cpu_at_3'][0]:.1f}") + " |")
     if rm_record:
         lines += ["", f"The reward model (ppo, grpo, best_of_n): held-out accuracy "
                   f"{rm_record['held_out_accuracy']:.3f}, {rm_record['cpu_minutes']:.1f} CPU minutes to train: "
@@ -436,17 +444,6 @@ def report(args: Report) -> str:
         if a[0] == "dpo" != b[0] and None not in ga + gb:
             lines.append("- {} {} minus {} {}, at KL {:g}: {:+.3f} ± {:.3f}".format(
                 *a, *b, target, *difference_interval(ga, gb)))
-    lines += ["", "At each DPO run's last KL, the other runs of its seed (each prompt's gold interpolated at that KL): "
-              "DPO's gold minus theirs, 95% intervals over prompts (paired):", ""]
-    for d in [r for r in records if r["method"] == "dpo"]:
-        last = d["points"][-1]
-        for r in [r for r in records if r["method"] not in ("dpo", BEST_OF_N) and r["seed"] == d["seed"]]:
-            other = at_kl(r["points"], last["kl"], "gold_per_prompt")
-            if other is not None:
-                diff = np.array(last["gold_per_prompt"]) - other
-                lines.append(f"- dpo {d['setting']} (seed {d['seed']}, KL {last['kl']:.2f}, gold {last['gold']:.3f}) "
-                             f"minus {r['method']} {r['setting']}: {diff.mean():+.3f} ± "
-                             f"{1.96 * diff.std(ddof=1) / math.sqrt(len(diff)):.3f}")
     colors = {"dpo": "C0", "ppo": "C1", "grpo": "C2", "ppo_gold": "C3", BEST_OF_N: "C4"}
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for r in records:

@@ -32,27 +32,32 @@ def test_gold_at_kl_by_hand():
     assert F.gold_at_kl(wavy, 3.0) == pytest.approx(0.75)
 
 
-def test_each_prompt_s_gold_at_a_kl_and_the_paired_comparison_by_hand(tmp_path):
-    point = lambda kl, per_prompt: {"kl": kl, "gold": float(np.mean(per_prompt)), "gold_se": 0.0,
-                                    "gold_per_prompt": per_prompt}
-    ppo = [point(0.0, [0.0, 0.0, 0.0]), point(2.0, [0.2, 0.4, 0.6]), point(4.0, [1.0, 1.0, 1.0])]
+def test_each_prompt_s_gold_and_the_cpu_minutes_at_a_kl_by_hand(tmp_path):
+    point = lambda kl, per_prompt, step, **cpu: {"kl": kl, "gold": float(np.mean(per_prompt)), "gold_se": 0.0,
+                                                 "gold_per_prompt": per_prompt, "step": step, **cpu}
+    ppo = [point(0.0, [0.0, 0.0, 0.0], 0, cpu_minutes=0.5), point(2.0, [0.2, 0.4, 0.6], 5, cpu_minutes=4.0),
+           point(4.0, [1.0, 1.0, 1.0], 20, cpu_minutes=10.0)]
     np.testing.assert_allclose(F.at_kl(ppo, 1.0, "gold_per_prompt"), [0.1, 0.2, 0.3])
     np.testing.assert_allclose(F.at_kl(ppo, 3.0, "gold_per_prompt"), [0.6, 0.7, 0.8])
+    # the same run recorded without a time at each point: grpo (RL, estimated), dpo (no estimate)
+    bare = [{k: v for k, v in p.items() if k != "cpu_minutes"} for p in ppo]
     runs = tmp_path / "runs"
-    for method, points in (("dpo", [point(0.0, [0.0, 0.0, 0.0]), point(1.0, [0.3, 0.3, 0.6])]), ("ppo", ppo)):
+    for method, points in (("dpo", bare), ("ppo", ppo), ("grpo", bare)):
         (runs / method).mkdir(parents=True)
         (runs / method / "a__1.json").write_text(json.dumps(
-            {"method": method, "setting": "a", "seed": 1, "cpu_minutes": 1.0, "points": points, "command": "c"}))
-    (runs / "initial.json").write_text(json.dumps(point(0.0, [0.0, 0.0, 0.0])))
+            {"method": method, "setting": "a", "seed": 1, "cpu_minutes": 12.0, "points": points, "command": "c"}))
+    (runs / "initial.json").write_text(json.dumps(point(0.0, [0.0, 0.0, 0.0], 0)))
     text = F.report(F.Report(runs=str(runs), out=str(tmp_path / "page")))
-    # differences (0.2, 0.1, 0.3): mean 0.2, std 0.1, 95% half-width 1.96 * 0.1 / sqrt(3) = 0.113
-    assert "- dpo a (seed 1, KL 1.00, gold 0.400) minus ppo a: +0.200 ± 0.113" in text
-    assert "| ppo | a | 1 | 0.200 | 0.400 | 0.700 | not reached | 4.00, 1.000 | 1.0 |" in text
+    # to KL 3, halfway from the point at KL 2 to the one at 4: recorded 4 and 10 minutes, so 7.0; estimated,
+    # 12 minutes times 5/20 and 20/20 of the iterations, 3 and 12, so 7.5
+    assert "| ppo | a | 1 | 0.200 | 0.400 | 0.700 | not reached | 4.00, 1.000 | 12.0 | 7.0 |" in text
+    assert "| grpo | a | 1 | 0.200 | 0.400 | 0.700 | not reached | 4.00, 1.000 | 12.0 | ≈7.5 |" in text
+    assert "| dpo | a | 1 | 0.200 | 0.400 | 0.700 | not reached | 4.00, 1.000 | 12.0 | - |" in text
 
 
 def test_the_differences_over_seeds_by_hand(tmp_path):
     runs = tmp_path / "runs"
-    point = lambda kl, gold: {"kl": kl, "gold": gold, "gold_se": 0.0, "gold_per_prompt": [gold, gold]}
+    point = lambda kl, gold: {"kl": kl, "gold": gold, "gold_se": 0.0, "gold_per_prompt": [gold, gold], "step": kl}
     # gold at KL 3, halfway between the points at KL 2 and 4: dpo 0.5 and 0.7, ppo 0.2 and 0.4; only one
     # ppo seed reaches KL 6, and grpo has one seed: no line for either
     golds = {("dpo", 1): (0.4, 0.6, 0.7), ("dpo", 2): (0.6, 0.8, 0.9), ("ppo", 1): (0.1, 0.3, 0.5),
@@ -73,17 +78,17 @@ def test_the_differences_over_seeds_by_hand(tmp_path):
 
 
 def test_t_interval_by_hand():
-    mean, half = F.t_interval([0.1, 0.3, 0.5])
+    mean, half, _ = F.mean_interval([0.1, 0.3, 0.5])
     # std 0.2, sqrt(3), t(0.975, 2) = 4.303
     assert mean == pytest.approx(0.3) and half == pytest.approx(4.303 * 0.2 / math.sqrt(3))
-    assert F.t_interval([0.4]) == (0.4, 0.0)
+    assert F.mean_interval([0.4])[:2] == (0.4, 0.0)
 
 
 def test_rows_need_every_seed_to_reach_the_kl():
     run = lambda seed, kls: {"method": "dpo", "setting": "beta 0.1", "seed": seed, "cpu_minutes": seed,
                              "command": "c", "points": [{"kl": k, "gold": k / 10} for k in kls]}
     rows = F.frontier_rows([run(1, [0, 2, 4]), run(2, [0, 1, 2])])
-    assert rows[0][1.0][:2] == pytest.approx(F.t_interval([0.1, 0.1]))
+    assert rows[0][1.0][:2] == pytest.approx(F.mean_interval([0.1, 0.1])[:2])
     assert rows[0][3.0] == (None, None, 1)  # one of the two seeds reached KL 3
     assert rows[0]["cpu_minutes"] == 1.5
 
