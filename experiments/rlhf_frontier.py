@@ -11,14 +11,13 @@ prompts (rlhf_overoptimization.py's 64 openings; the preference file's prompts a
 sampled as the RL files sample (dpo_gpt2.generate), from one seeded random stream (the same draws at every
 point); the gold of prompt + response and the KL to the initial policy from the sampled tokens, sum_t log pi(y_t)
 - log pi_ref(y_t) (k1); means over prompts of each prompt's mean, standard errors over prompts. The scripts run
-unchanged in this process, their own held-out evaluation (ppo_rlhf_gpt2.evaluate, grpo_gpt2.evaluate,
+unchanged in this process, their held-out evaluation (ppo_rlhf_gpt2.evaluate, grpo_gpt2.evaluate,
 dpo_gpt2.evaluate_samples) replaced by `measure` at their --eval-every points (the first, at step 0, is the
-initial point all runs share). CPU time: the run's process time minus measure's. Best-of-n: N responses per
-prompt from the initial policy, the reward model's best of n (expected over all n-subsets), KL log n - (n-1)/n.
-
-Reading the frontier: each run's gold at KL 1, 2, 3 and 6 nats, linear between its first point at or past the KL
-and the one before (none where the run never reaches it); over seeds, the mean and a 95% t-interval, and DPO
-minus each other method a 95% Welch interval. Best-of-n's interval is over prompts (no training, no seed).
+initial point all runs share). CPU time: the run's process time minus measure's and DPO's held-out accuracy's;
+also before each point. Best-of-n: N responses per prompt from the initial policy, the reward model's best of n
+(expected over all n-subsets), KL log n - (n-1)/n. Reading the frontier: each run's gold (and CPU time) at KL 1,
+2, 3 and 6 nats, linear between its first point at or past the KL and the one before; over seeds, the mean and
+a 95% t-interval, DPO minus each other method a 95% Welch one. Best-of-n's interval is over prompts.
 
 Usage (from the repository root; each step skips the runs whose record exists, so it can span sittings):
     python experiments/rlhf_frontier.py reward-model --preferences vader_2000.jsonl
@@ -234,11 +233,16 @@ def initial_point(frontier: Frontier, runs: str) -> dict:
 
 @contextlib.contextmanager
 def measured_by(frontier: Frontier, module, initial: dict, points: list, cpu: list):
-    """Replace the script's held-out evaluation by frontier.point for the run (restored after): the first call
-    (step 0, the initial policy) returns the shared initial point; the dict returned has the keys the script
-    logs and prints."""
+    """Replace the script's held-out evaluation by frontier.point for the run (restored after); the first call (step
+    0, the initial policy) returns the shared initial point, in a dict with the keys the script logs and prints."""
     name, begun = MEASURED[module], time.process_time()
-    original = getattr(module, name)
+    original, accuracy = getattr(module, name), dpo.evaluate
+
+    def timed_accuracy(*args, **kwargs):  # DPO's held-out accuracy: kept, its CPU time excluded as measure's is
+        start = time.process_time()
+        result = accuracy(*args, **kwargs)
+        cpu.append(time.process_time() - start)
+        return result
 
     def evaluation(policy, *args, **kwargs):  # each point with the CPU minutes spent before it, measures excluded
         start = time.process_time()
@@ -251,10 +255,12 @@ def measured_by(frontier: Frontier, module, initial: dict, points: list, cpu: li
                 "gold_scores_stderr": point["gold_se"]}
 
     setattr(module, name, evaluation)
+    dpo.evaluate = timed_accuracy if module is dpo else accuracy
     try:
         yield
     finally:
         setattr(module, name, original)
+        dpo.evaluate = accuracy
 
 
 def script_args(module, flags: str, seed: int, common: Common, runs_dir: str):
@@ -384,15 +390,13 @@ def frontier_rows(records: list[dict]) -> list[dict]:
                 continue
             values = [gold_at_kl(r["points"], target) for r in runs]
             reached = [v for v in values if v is not None]
-            row[target] = (*mean_interval(reached)[:2], len(reached)) if len(reached) == len(values) else (
-                None, None, len(reached))
+            row[target] = (*(mean_interval(reached)[:2] if len(reached) == len(values) else (None, None)), len(reached))
         out.append(row)
     return out
 
 
 def report(args: Report) -> str:
     import matplotlib
-
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -413,8 +417,7 @@ def report(args: Report) -> str:
     for row in frontier_rows(records):
         cells = []
         for target in KL_TARGETS:
-            v = row[target]
-            n = len(row["seeds"])
+            v, n = row[target], len(row["seeds"])
             cells.append("not reached" if v is None or v[2] == 0 else f"{v[2]}/{n} reached" if v[0] is None
                          else f"{v[0]:.3f}" + (f" ± {v[1]:.3f}" if v[2] > 1 else ""))
         last = [r["points"][-1] for r in records if (r["method"], r["setting"]) == (row["method"], row["setting"])]

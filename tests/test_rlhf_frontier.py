@@ -8,6 +8,7 @@ import importlib.util
 import json
 import math
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -129,6 +130,16 @@ def tiny_frontier(tiny, tmp_path, monkeypatch):
 
 def test_every_method_is_measured_by_the_one_evaluation(tiny_frontier, monkeypatch):
     common, runs = tiny_frontier["common"], Path(tiny_frontier["common"]["runs"])
+    accuracy, burned = F.dpo.evaluate, []
+
+    def slow_accuracy(*args, **kwargs):  # DPO's held-out accuracy, half a CPU second slower: not training
+        start = time.process_time()
+        while time.process_time() - start < 0.5:
+            pass
+        burned.append(accuracy(*args, **kwargs))
+        return burned[-1]
+
+    monkeypatch.setattr(F.dpo, "evaluate", slow_accuracy)
     F.run(F.Run(preferences=tiny_frontier["prefs"], methods=["dpo", "ppo", "grpo", "best_of_n"], seeds=[1],
                 best_of_n=4, **common))
     initial = json.loads((runs / "initial.json").read_text())
@@ -146,6 +157,8 @@ def test_every_method_is_measured_by_the_one_evaluation(tiny_frontier, monkeypat
         assert record["cpu_minutes"] > 0 and "--seed 1" in record["command"]
         cpu = [p["cpu_minutes"] for p in record["points"]]  # the training time before each point, measures excluded
         assert 0 <= cpu[0] < cpu[1] < cpu[2] <= record["cpu_minutes"]
+    assert len(burned) == 3 and records["dpo"]["cpu_minutes"] * 60 < 0.5  # at steps 0, 2 and 4, none counted
+    assert records["dpo"]["held_out_accuracy"][0] == burned[-1]["accuracy"]  # still the record's accuracy
     # the last point is the policy the run saved, measured afresh
     frontier = F.Frontier(F.Common(**common))
     saved = F.dpo.load_policy(os.path.join(records["ppo"]["run_dir"], "model"), torch.device("cpu"))
