@@ -59,8 +59,9 @@ KL_TARGETS = (1.0, 2.0, 3.0, 6.0)
 # settings of docs/results/ppo_rlhf_gpt2.md; the defaults take hours a run on a CPU), GRPO's the same.
 RL = "--total-episodes 1280 --batch-size 64 --num-minibatches 4 --update-epochs 1 --learning-rate 5e-5 --eval-every 4"
 # method: (script, {setting: flags}); {rm}: the reward model, {prefs}: the file. DPO: (beta, lr, --eval-every), on
-# the reward model's split, at its lr (DPO's 5e-6 barely moves in an epoch), and to reach further at 5e-5 and 1e-4:
-DPO = (("0.1", "2e-5", 17), ("0.03", "2e-5", 17), ("0.3", "2e-5", 17), ("0.1", "5e-5", 17), ("0.1", "1e-4", 9))
+# the reward model's split, at its lr (DPO's 5e-6 barely moves in an epoch), and to reach further at 5e-5 to 1e-4:
+DPO = (("0.1", "2e-5", 17), ("0.03", "2e-5", 17), ("0.3", "2e-5", 17), ("0.1", "5e-5", 17), ("0.1", "1e-4", 9),
+       ("0.1", "7e-5", 9))
 METHODS = {
     "dpo": (dpo, {f"beta {b}" + ("" if lr == "2e-5" else f" lr {lr}"): f"--beta {b} --preferences {{prefs}} "
                   f"--eval-fraction 0.2 --split-seed 1 --learning-rate {lr} --eval-every {e}" for b, lr, e in DPO}),
@@ -376,8 +377,7 @@ def frontier_rows(records: list[dict]) -> list[dict]:
     out = []
     for (method, setting), runs in rows.items():
         row = {"method": method, "setting": setting, "seeds": sorted(r["seed"] for r in runs),
-               "cpu_minutes": float(np.mean([r["cpu_minutes"] for r in runs])), "command": runs[0]["command"]
-               if "command" in runs[0] else None}
+               "cpu_minutes": float(np.mean([r["cpu_minutes"] for r in runs])), "command": runs[0].get("command")}
         cpu = [cpu_at_kl(r, 3.0) for r in runs]  # and its CPU minutes to KL 3, "estimated" if any run's is
         row["cpu_at_3"] = None if None in cpu else (float(np.mean(cpu)), any("cpu_minutes" not in r["points"][-1]
                                                                              for r in runs))
