@@ -239,24 +239,24 @@ def measured_by(frontier: Frontier, module, initial: dict, points: list, cpu: li
     name, begun = MEASURED[module], time.process_time()
     original, accuracy = getattr(module, name), dpo.evaluate
 
-    def timed_accuracy(*args, **kwargs):  # DPO's held-out accuracy: kept, its CPU time excluded as measure's is
-        start = time.process_time()
-        result = accuracy(*args, **kwargs)
-        cpu.append(time.process_time() - start)
-        return result
-
-    def evaluation(policy, *args, **kwargs):  # each point with the CPU minutes spent before it, measures excluded
-        start = time.process_time()
-        point = {**(initial if not points else frontier.point(policy)), "cpu_minutes": (start - begun - sum(cpu)) / 60}
+    def timed(fn):  # each call's CPU time goes to cpu, left out of the run's
+        def call(*args, **kwargs):
+            start = time.process_time()
+            result = fn(*args, **kwargs)
+            cpu.append(time.process_time() - start)
+            return result
+        return call
+    def evaluation(policy, *args, **kwargs):  # each point with the CPU minutes trained before it
+        spent = (time.process_time() - begun - sum(cpu)) / 60
+        point = {**(initial if not points else frontier.point(policy)), "cpu_minutes": spent}
         points.append(point)
-        cpu.append(time.process_time() - start)
         return {"raw_score_mean": point["gold"], "raw_score_stderr": point["gold_se"], "samples": [],
                 "stop_share": point["stop_share"], "prompts": len(point["gold_per_prompt"]),
                 "kl_mean": point["kl"], "kl_stderr": point["kl_se"], "gold_scores_mean": point["gold"],
                 "gold_scores_stderr": point["gold_se"]}
 
-    setattr(module, name, evaluation)
-    dpo.evaluate = timed_accuracy if module is dpo else accuracy
+    setattr(module, name, timed(evaluation))
+    dpo.evaluate = timed(accuracy) if module is dpo else accuracy  # DPO's held-out accuracy: kept, its time not
     try:
         yield
     finally:
