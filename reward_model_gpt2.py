@@ -21,7 +21,7 @@ Usage:
     python reward_model_gpt2.py --model-name ./my-lm --preferences my_comparisons.jsonl --save-model
     python ppo_rlhf_gpt2.py --model-name ./my-lm --reward-model runs/<run>/model   # RLHF on it
     tensorboard --logdir runs   # losses/reward_loss, charts/accuracy, charts/learning_rate, eval/accuracy,
-                                # charts/head_learning_rate, eval/reward_loss, eval/gold_accuracy
+                                # charts/head_learning_rate, eval/reward_loss, eval/gold_accuracy, probe/l2
 
 One comparison a line of --preferences (JSON): {"prompt": ..., "chosen": ..., "rejected": ...}; --gold adds
 "gold_chosen" and "gold_rejected". What the code computes (r: the reward model, sigma: the sigmoid):
@@ -36,10 +36,9 @@ One comparison a line of --preferences (JSON): {"prompt": ..., "chosen": ..., "r
 Implementation details; RLHF numbers as in ppo_rlhf_gpt2.py, 35 on for the reward model's own:
  3. Adam with eps = 1e-5.   4. The learning rate decays linearly to 0.
 23. A pad token distinct from EOS, never fed to a model and never sampled (masked out of the logits).
-24. Left padding of the queries when sampling the comparisons.
+24. Left padding of the queries when sampling the comparisons.   28. Dropout off: eval mode, also training.
 25. Position ids computed from the attention mask in every forward pass.
 26. Logits divided by the sampling temperature.   27. Pure sampling (no top-k, no top-p).
-28. Dropout off: eval mode, also while training.
 29. Truncation after the first stop token at or after --min-response-length tokens.
 31. Reward normalization, after training: the scores set to mean 0 and std 1 on the responses of the
     preference file (with --gold: the initial policy's own samples). The gain is folded into the head's
@@ -57,7 +56,8 @@ Implementation details; RLHF numbers as in ppo_rlhf_gpt2.py, 35 on for the rewar
     1e-3: at the backbone's learning rate, Adam would move its random weights by a fraction of their scale.
 45. LP-FT (Kumar et al. 2022, arXiv:2202.10054): first the head alone, w = fit_probe(...), the minimum over
     the frozen features it reads of reward_loss + probe_l2 |w * std|^2 (L-BFGS; std over the training
-    responses); then the whole model, the fitted head at the backbone's rate (unless --head-learning-rate).
+    responses), probe_l2 the best of --probe-l2 by cross-validation over folds of whole training prompts;
+    then the whole model, the fitted head at the backbone's rate (unless --head-learning-rate).
 """
 
 import json
@@ -115,7 +115,9 @@ class Args:
     learning_rate: float = 2e-5  # the learning rate of Adam for the backbone
     head_learning_rate: float | None = None  # the head's rate; None: the backbone's after --probe, else 1e-3
     probe: bool = True  # fit the head on the frozen backbone's features, then train the whole model (LP-FT)
-    probe_l2: float = 1e-2  # the probe's L2 strength on the head's weight times the features' std
+    probe_l2: tuple[float, ...] = (1e-3, 1e-2, 1e-1, 1.0, 10.0)  # the probe's L2 strength on the head's
+    # weight times the features' std; of several, the best by cross-validation over the training prompts
+    probe_folds: int = 5  # the cross-validation's folds of training prompts (with several --probe-l2)
     anneal_lr: bool = True  # anneal the learning rate linearly to 0
     max_grad_norm: float = 1.0  # the maximum norm of the global gradient
     eval_every: int = 10  # score the held-out comparisons every this many steps (0: at the end only)
@@ -257,6 +259,29 @@ def fit_probe(chosen_features: torch.Tensor, rejected_features: torch.Tensor, l2
     return w_std.detach() / std
 
 
+def cross_validated_l2(chosen_features: torch.Tensor, rejected_features: torch.Tensor, prompts: list[str],
+                       l2s: tuple[float, ...], folds: int, seed: int) -> tuple[float, dict]:
+    """detail 45: the L2 strength among l2s whose probes rank the most training pairs right when each fold is
+    scored by the probe fitted on the others, and every strength's accuracy, pooled over the folds. Folds of
+    whole prompts (their seeded keys dealt round-robin, as in split_comparisons), so that no prompt is fitted
+    on when it is scored; ties go to the first strength. One strength: that one, unscored."""
+    if len(l2s) == 1:
+        return l2s[0], {}
+    distinct = sorted(set(prompts), key=lambda p: (random.Random(f"{seed} fold {p}").random(), p))
+    fold_of = {p: i % folds for i, p in enumerate(distinct)}
+    fold = torch.tensor([fold_of[p] for p in prompts])
+    accuracies = {}
+    for l2 in l2s:
+        correct = 0.0
+        for k in range(folds):
+            w = fit_probe(chosen_features[fold != k], rejected_features[fold != k], l2)
+            scored = fold == k
+            correct += comparison_accuracy(chosen_features[scored].double() @ w,
+                                           rejected_features[scored].double() @ w) * scored.sum().item()
+        accuracies[l2] = correct / len(prompts)
+    return max(l2s, key=accuracies.__getitem__), accuracies
+
+
 # ------------------------------------------------------------------------------------------------------------
 # Training
 
@@ -324,8 +349,15 @@ def main(args: Args) -> dict:
         if args.probe:  # detail 45: the head fitted on the frozen features of the training texts, once
             chosen_features, rejected_features = readout_features(reward_model, tokenizer, train_set, args,
                                                                    device)
+            probe_l2, cross_validated = cross_validated_l2(chosen_features, rejected_features,
+                                                           [c["prompt"] for c in train_set], args.probe_l2,
+                                                           args.probe_folds, args.seed)
+            if cross_validated:
+                print("probe L2 " + ", ".join(f"{k:g}: {v:.3f}" for k, v in cross_validated.items()) +
+                      f" (cross-validated accuracy); {probe_l2:g} chosen")
+            writer.add_scalar("probe/l2", probe_l2, 0)
             with torch.no_grad():
-                reward_model.score.weight.copy_(fit_probe(chosen_features, rejected_features, args.probe_l2))
+                reward_model.score.weight.copy_(fit_probe(chosen_features, rejected_features, probe_l2))
         held_out_evaluation()  # step 0: the probed head, or the random one
         print(f"step 0 held-out accuracy {eval_stats['accuracy']:.3f}" + (" (probed)" if args.probe else ""))
         for epoch in range(args.num_epochs):  # detail 40
@@ -470,7 +502,9 @@ def check_args(args: Args) -> None:
     require(("eval_every",), lambda v: v >= 0, "at least 0")
     require(("gold_beta", "temperature", "learning_rate", "head_learning_rate", "max_grad_norm"),
             lambda v: v is None or v > 0 and math.isfinite(v), "positive")
-    require(("probe_l2",), lambda v: v >= 0 and math.isfinite(v), "at least 0")
+    require(("probe_l2",), lambda v: len(v) >= 1 and all(x >= 0 and math.isfinite(x) for x in v),
+            "one or more numbers, each at least 0")
+    require(("probe_folds",), lambda v: v >= 2, "at least 2")
     require(("eval_fraction",), lambda v: 0 < v < 1, "between 0 and 1 (exclusive)")
     require(("readout",), lambda v: v in ("mean", "end", "last"), "`mean`, `end` or `last`")
     if not 0 <= args.min_response_length < args.response_length:
@@ -510,13 +544,17 @@ def check_args(args: Args) -> None:
 
 
 def check_split(prompts: list[str], num_comparisons: int, args: Args) -> None:
-    """Stop if the split by prompt leaves no training prompt, or fewer training comparisons than a batch: the
-    comparisons of a file (num_comparisons = len(prompts)), or with --gold about as many as expected from
-    num_comparisons drawn from these prompts."""
+    """Stop if the split by prompt leaves no training prompt, fewer than the probe's folds (detail 45), or
+    fewer training comparisons than a batch: the comparisons of a file (num_comparisons = len(prompts)), or
+    with --gold about as many as expected from num_comparisons drawn from these prompts."""
     train, _ = split_comparisons(prompts, args.eval_fraction, args.seed)
     if not train:
         raise SystemExit(f"error: --eval-fraction {args.eval_fraction} holds out all {len(set(prompts))} "
                          f"distinct prompts: the split is by prompt; lower it or use more prompts")
+    num_train_prompts = len({prompts[i] for i in train})
+    if args.probe and len(args.probe_l2) > 1 and num_train_prompts < args.probe_folds:
+        raise SystemExit(f"error: --probe-folds {args.probe_folds} is more than the {num_train_prompts} "
+                         f"training prompts; lower it, or pass one --probe-l2 (no cross-validation)")
     num_train = round(len(train) * num_comparisons / len(prompts))
     about = "" if num_comparisons == len(prompts) else "about "
     if num_train < args.batch_size:

@@ -246,6 +246,49 @@ def test_fit_probe_separates_separable_pairs():
     np.testing.assert_allclose(rm.fit_probe(r, c, 1e-3).numpy(), -w, rtol=1e-5, atol=1e-8)
 
 
+def test_cross_validated_l2_scores_each_prompt_by_a_probe_fitted_without_it(monkeypatch):
+    """detail 45: with as many folds as training prompts, each prompt's pairs are scored by Newton's fit
+    (numpy) on the other prompts' pairs; an L2's accuracy is the share of all pairs ordered right (ties 1/2),
+    the chosen L2 the most accurate. With fewer folds, every fit sees each prompt whole or not at all, and each
+    prompt is left out once per L2. One L2: returned unscored."""
+    chosen, rejected, _ = badly_scaled_pairs(60, 12, seed=6, noise=2.0)
+    prompts = [f"prompt {k}" for k, size in enumerate((4, 6, 8, 10, 12, 20)) for _ in range(size)]  # in blocks
+    c, r = torch.tensor(chosen), torch.tensor(rejected)
+    l2s = (1e-4, 0.3, 30.0)
+    expected = {}
+    for l2 in l2s:
+        right = 0.0
+        for p in sorted(set(prompts)):
+            fit = np.array([q != p for q in prompts])
+            std = np.concatenate([chosen[fit], rejected[fit]]).std(0, ddof=1)
+            w = newton_bradley_terry(chosen[fit], rejected[fit], l2, std)
+            margins = (chosen[~fit] - rejected[~fit]) @ w
+            right += np.sum(margins > 0) + 0.5 * np.sum(margins == 0)
+        expected[l2] = right / 60
+    assert expected[0.3] > max(expected[1e-4], expected[30.0])  # the middle one wins: neither end by default
+    chosen_l2, accuracies = rm.cross_validated_l2(c, r, prompts, l2s, folds=6, seed=1)
+    assert accuracies == pytest.approx(expected)
+    assert chosen_l2 == max(l2s, key=expected.get)
+    assert rm.cross_validated_l2(c, r, prompts, (0.3,), folds=6, seed=1) == (0.3, {})
+
+    fitted_rows, real_fit = [], rm.fit_probe
+
+    def fit_probe(fit_chosen, *a):
+        fitted_rows.append({i for i in range(60) if any(torch.equal(c[i], row) for row in fit_chosen)})
+        return real_fit(fit_chosen, *a)
+
+    monkeypatch.setattr(rm, "fit_probe", fit_probe)
+    rm.cross_validated_l2(c, r, prompts, l2s, folds=3, seed=1)
+    assert len(fitted_rows) == 9
+    left_out = []
+    for rows in fitted_rows:
+        whole = {prompts[i] for i in rows}
+        assert rows == {i for i in range(60) if prompts[i] in whole}  # whole prompts only
+        left_out += sorted(set(prompts) - whole)
+        assert len(whole) == 4  # 6 prompts dealt to 3 folds: 2 left out a fit
+    assert sorted(left_out) == sorted(sorted(set(prompts)) * 3)
+
+
 def test_truncate_after_stop_token():
     stop, pad = 7, 99
     responses = torch.tensor([[1, 7, 2, 7], [1, 2, 3, 4], [7, 1, 7, 1]])
@@ -754,7 +797,7 @@ def test_one_step_trains_every_parameter_the_head_at_its_own_learning_rate(tiny,
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip)
     monkeypatch.setattr(rm, "load_reward_model", load)
     rm.main(tiny_args(tiny, tmp_path, num_comparisons=12, batch_size=8, eval_fraction=0.1, learning_rate=1e-4,
-                      head_learning_rate=3e-2))
+                      head_learning_rate=3e-2, probe_l2=(1e-2,)))  # a head whose gradients dwarf Adam's eps
     model, initial = models
     assert len(grads) == 1
     named = dict(model.named_parameters())
@@ -828,7 +871,7 @@ def test_the_probe_fits_the_head_on_the_frozen_features_before_training(tiny, tm
         heads.clear()
         result = rm.main(tiny_args(tiny, tmp_path / f"{probe}{head_lr}", gold=None, preferences=preferences,
                                    eval_fraction=0.25, seed=seed, batch_size=6, eval_every=0, readout=readout,
-                                   learning_rate=1e-4, head_learning_rate=head_lr, probe=probe, probe_l2=l2))
+                                   learning_rate=1e-4, head_learning_rate=head_lr, probe=probe, probe_l2=(l2,)))
         scalars = read_scalars(result["run_dir"])
         assert result["steps"] == 3 and len(heads) == 3  # loaded, step 0, the end
         head_learning_rate = head_lr or (1e-4 if probe else 1e-3)  # the backbone's after the probe
@@ -847,6 +890,29 @@ def test_the_probe_fits_the_head_on_the_frozen_features_before_training(tiny, tm
     assert loss == (0, pytest.approx(held_out_stats(loaded_head)[1], rel=1e-3))
     explicit = runs[True, 3e-2]  # --head-learning-rate changes the rate, not the probe
     assert explicit[0][1] == pytest.approx(probed_head) and explicit[1:] == runs[True, None][1:]
+
+    # several --probe-l2: the one that orders most training pairs right, each of the 9 training prompts
+    # scored by Newton's fit on the other 8 (--probe-folds 9), then fitted on all of them
+    l2s, train_prompts = (30.0, l2, 1e-4), [prompts[i] for i in training]
+    cross_validated = {}
+    for candidate in l2s:
+        right = 0.0
+        for p in set(train_prompts):
+            fit = np.array([q != p for q in train_prompts])
+            w = newton_bradley_terry(chosen[fit], rejected[fit], candidate,
+                                     np.concatenate([chosen[fit], rejected[fit]]).std(0, ddof=1))
+            margins = (chosen[~fit] - rejected[~fit]) @ w
+            right += np.sum(margins > 0) + 0.5 * np.sum(margins == 0)
+        cross_validated[candidate] = right / len(training)
+    best = max(l2s, key=cross_validated.get)  # the first of equals
+    assert best != l2s[0]  # (here: 0.03 for mean, tied with 1e-4; 1e-4 for end)
+    heads.clear()
+    result = rm.main(tiny_args(tiny, tmp_path / "cv", gold=None, preferences=preferences, eval_fraction=0.25,
+                               seed=seed, batch_size=6, eval_every=0, readout=readout, learning_rate=1e-4,
+                               probe_l2=l2s, probe_folds=9))
+    assert read_scalars(result["run_dir"])["probe/l2"] == [(0, pytest.approx(best))]
+    expected_head = newton_bradley_terry(chosen, rejected, best, std)
+    np.testing.assert_allclose(heads[1] * std, expected_head * std, rtol=1e-3, atol=1e-4)
 
 
 @pytest.mark.parametrize("policy, readout", [("policy", "mean"), ("smol", "mean"), ("policy", "end"),
@@ -929,8 +995,10 @@ BAD_FILES = {
              '"rejected": " b"}\n', "line 2: chosen and rejected are the same"),
     "empty_response": ('{"prompt": "a", "chosen": " ", "rejected": " c"}\n', "line 1: an empty response"),
     "no_lines": ("", "contains no comparisons"),
-    "too_few": ("".join(f'{{"prompt": "{p}", "chosen": " b", "rejected": " c"}}\n' for p in "abcd"),
-                "--batch-size 8 is larger than the 3 training comparisons"),  # 1 of 4 prompts held out
+    "too_few": ("".join(f'{{"prompt": "{p}", "chosen": " b", "rejected": " c"}}\n' for p in "abcdefgh"),
+                "--batch-size 8 is larger than the 6 training comparisons"),  # 2 of 8 prompts held out
+    "few_prompts": ("".join(f'{{"prompt": "{p}", "chosen": " b", "rejected": " c"}}\n' * 3 for p in "abcd"),
+                    "--probe-folds 5 is more than the 3 training prompts"),  # 1 of 4 held out, 9 comparisons
     "one_prompt": ('{"prompt": "a", "chosen": " b", "rejected": " c"}\n' * 9,
                    "--eval-fraction 0.25 holds out all 1 distinct prompts"),
 }
@@ -955,8 +1023,11 @@ BAD_FILES = {
     (dict(readout="first"), "--readout must be `mean`, `end` or `last`"),
     (dict(head_learning_rate=0.0), "--head-learning-rate"),
     (dict(head_learning_rate=float("inf")), "--head-learning-rate"),
-    (dict(probe_l2=-1.0), "--probe-l2 must be at least 0 \\(got -1.0\\)"),
-    (dict(probe_l2=float("nan")), "--probe-l2 must be at least 0"),
+    (dict(probe_l2=(0.1, -1.0)), "--probe-l2 must be one or more numbers, each at least 0 \\(got \\(0.1, -1"),
+    (dict(probe_l2=(float("nan"),)), "--probe-l2 must be one or more numbers, each at least 0"),
+    (dict(probe_l2=()), "--probe-l2 must be one or more numbers"),
+    (dict(probe_folds=1), "--probe-folds must be at least 2"),
+    (dict(probe_folds=60), "--probe-folds 60 is more than the 54 training prompts"),  # 18 of 72 held out
     (dict(num_comparisons=0), "--num-comparisons"),
     (dict(num_epochs=0), "--num-epochs"),
     (dict(temperature=0.0), "--temperature"),
@@ -980,6 +1051,21 @@ def test_bad_input_fails_before_any_model_loads(tiny, tmp_path, monkeypatch, ove
         rm.main(tiny_args(tiny, tmp_path, **overrides))
     assert "\n" not in str(error.value)
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_folds_need_enough_training_prompts_only_when_they_choose_the_l2(tiny, tmp_path):
+    """--probe-folds counts only where several --probe-l2 are cross-validated (detail 45): with one L2, or
+    without the probe, a split with fewer training prompts than folds passes the checks."""
+    few = tmp_path / "few.jsonl"
+    few.write_text(BAD_FILES["few_prompts"][0])
+    for overrides in (dict(probe_l2=(0.1,)), dict(probe=False), dict()):
+        args = tiny_args(tiny, tmp_path, gold=None, preferences=str(few), **overrides)
+        rm.check_args(args)
+        if overrides:
+            rm.read_preferences(args.preferences, args)  # its split is checked here
+        else:
+            with pytest.raises(SystemExit, match="--probe-folds 5 is more than the 3 training prompts"):
+                rm.read_preferences(args.preferences, args)
 
 
 def test_unloadable_models_and_bad_labels_fail_with_the_flag(tiny, tmp_path):
