@@ -115,8 +115,7 @@ class Args:
     learning_rate: float = 2e-5  # the learning rate of Adam for the backbone
     head_learning_rate: float | None = None  # the head's rate; None: the backbone's after --probe, else 1e-3
     probe: bool = True  # fit the head on the frozen backbone's features, then train the whole model (LP-FT)
-    probe_l2: tuple[float, ...] = (1e-3, 1e-2, 1e-1, 1.0, 10.0)  # the probe's L2 strength on the head's
-    # weight times the features' std; of several, the best by cross-validation over the training prompts
+    probe_l2: tuple[float, ...] = (1e-3, 1e-2, 1e-1, 1.0, 10.0)  # the probe's L2 on w * std; several: by CV
     probe_folds: int = 5  # the cross-validation's folds of training prompts (with several --probe-l2)
     anneal_lr: bool = True  # anneal the learning rate linearly to 0
     max_grad_norm: float = 1.0  # the maximum norm of the global gradient
