@@ -20,14 +20,12 @@ Usage:
     python reward_model_gpt2.py --model-name ./my-lm --gold vader --num-comparisons 2000 --save-model
     python reward_model_gpt2.py --model-name ./my-lm --preferences my_comparisons.jsonl --save-model
     python ppo_rlhf_gpt2.py --model-name ./my-lm --reward-model runs/<run>/model   # RLHF on it
-    tensorboard --logdir runs   # losses/reward_loss, charts/accuracy, charts/learning_rate, eval/accuracy,
-                                # charts/head_learning_rate, eval/reward_loss, eval/gold_accuracy, probe/l2
+    tensorboard --logdir runs   # losses/reward_loss, charts/accuracy, eval/accuracy, eval/gold_accuracy, ...
 
 One comparison a line of --preferences (JSON): {"prompt": ..., "chosen": ..., "rejected": ...}; --gold adds
 "gold_chosen" and "gold_rejected". What the code computes (r: the reward model, sigma: the sigmoid):
     gold labeler:  P(a preferred to b) = sigma((gold_a - gold_b) / gold_beta)
-    scores         = r(prompt + response + end), the head on the mean final state over the response's
-                     tokens and the appended end token (the EOS)
+    scores         = r(prompt + response + end), the head on the mean final state of response and end
     reward_loss    = mean over pairs of -log sigma(chosen_scores - rejected_scores)
     accuracy       = share of pairs with chosen_scores > rejected_scores (ties count 1/2)
     normalization: gain = 1 / std(scores), bias = -mean(scores) * gain over all responses of the file
@@ -47,8 +45,7 @@ Implementation details; RLHF numbers as in ppo_rlhf_gpt2.py, 35 on for the rewar
 36. The score is read from the mean final state over the response's tokens (those whose characters end
     after the prompt's) and an end token, the EOS, appended to every text and found from the attention mask
     whatever the padding side (--readout mean; saved as config.reward_end_token and reward_readout for the
-    loaders). --readout end reads the end token alone, --readout last the text's last token (mid-sentence
-    where a response was cut): linear probes of the frozen features carry less of the preferences there.
+    loaders). --readout end reads the end token alone, --readout last the text's last token.
 37. Bradley-Terry loss; chosen and rejected responses in one forward pass.
 38. Synthetic labels: a gold scorer with Bradley-Terry noise, the pairs of identical responses dropped.
 39. A seeded held-out split by prompt (held-out prompts are never trained on), beside the gold labeler.
@@ -60,6 +57,7 @@ Implementation details; RLHF numbers as in ppo_rlhf_gpt2.py, 35 on for the rewar
     then the whole model, the fitted head at the backbone's rate (unless --head-learning-rate).
 """
 
+import importlib.util
 import json
 import math
 import os
@@ -104,8 +102,7 @@ class Args:
     temperature: float = 0.7  # sampling temperature
     stop_token: str = "."  # `eos` or a single-token string: responses are truncated after it
     max_length: int = 128  # texts longer than this many tokens lose their first tokens (the end is scored)
-    readout: str = "mean"  # `mean` over the response and an appended EOS; `end`: at that EOS; `last`: at the
-    # text's last token
+    readout: str = "mean"  # `mean` over the response and an appended EOS; `end`: that EOS; `last`: last token
 
     # algorithm
     num_epochs: int = 1  # passes over the training comparisons
@@ -258,29 +255,6 @@ def fit_probe(chosen_features: torch.Tensor, rejected_features: torch.Tensor, l2
     return w_std.detach() / std
 
 
-def cross_validated_l2(chosen_features: torch.Tensor, rejected_features: torch.Tensor, prompts: list[str],
-                       l2s: tuple[float, ...], folds: int, seed: int) -> tuple[float, dict]:
-    """detail 45: the L2 strength among l2s whose probes rank the most training pairs right when each fold is
-    scored by the probe fitted on the others, and every strength's accuracy, pooled over the folds. Folds of
-    whole prompts (their seeded keys dealt round-robin, as in split_comparisons), so that no prompt is fitted
-    on when it is scored; ties go to the first strength. One strength: that one, unscored."""
-    if len(l2s) == 1:
-        return l2s[0], {}
-    distinct = sorted(set(prompts), key=lambda p: (random.Random(f"{seed} fold {p}").random(), p))
-    fold_of = {p: i % folds for i, p in enumerate(distinct)}
-    fold = torch.tensor([fold_of[p] for p in prompts])
-    accuracies = {}
-    for l2 in l2s:
-        correct = 0.0
-        for k in range(folds):
-            w = fit_probe(chosen_features[fold != k], rejected_features[fold != k], l2)
-            scored = fold == k
-            correct += comparison_accuracy(chosen_features[scored].double() @ w,
-                                           rejected_features[scored].double() @ w) * scored.sum().item()
-        accuracies[l2] = correct / len(prompts)
-    return max(l2s, key=accuracies.__getitem__), accuracies
-
-
 # ------------------------------------------------------------------------------------------------------------
 # Training
 
@@ -351,9 +325,8 @@ def main(args: Args) -> dict:
             probe_l2, cross_validated = cross_validated_l2(chosen_features, rejected_features,
                                                            [c["prompt"] for c in train_set], args.probe_l2,
                                                            args.probe_folds, args.seed)
-            if cross_validated:
-                print("probe L2 " + ", ".join(f"{k:g}: {v:.3f}" for k, v in cross_validated.items()) +
-                      f" (cross-validated accuracy); {probe_l2:g} chosen")
+            scores = ", ".join(f"{k:g}: {v:.3f}" for k, v in cross_validated.items())
+            print(f"probe L2 {probe_l2:g}" + (f" (cross-validated accuracies {scores})" if scores else ""))
             writer.add_scalar("probe/l2", probe_l2, 0)
             with torch.no_grad():
                 reward_model.score.weight.copy_(fit_probe(chosen_features, rejected_features, probe_l2))
@@ -416,8 +389,7 @@ def main(args: Args) -> dict:
             result.update(model_path=os.path.join(run_dir, "model"), reward_gain=gain, reward_bias=bias)
             save_reward_model(reward_model, args.model_name, result["model_path"], bias, end_token,
                               args.readout)
-            print(f"reward model saved to {result['model_path']} (normalized: gain {gain:.4g}, "
-                  f"reward_bias {bias:.4g})")
+            print(f"reward model saved to {result['model_path']} (gain {gain:.4g}, reward_bias {bias:.4g})")
     except KeyboardInterrupt:
         print("interrupted while normalizing or saving: keeping the logs; the model folder may be incomplete")
     finally:
@@ -426,8 +398,8 @@ def main(args: Args) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------------------
-# Plumbing, skippable on a first reading: the held-out split and evaluation, argument checks, the preference
-# file, loading and saving.
+# Plumbing, skippable on a first reading: the held-out split and evaluation, the probe's L2 by
+# cross-validation, argument checks, the preference file, loading and saving.
 
 
 def texts_of(comparisons: list[dict], args: Args) -> tuple[list[str], list[int] | None]:
@@ -485,6 +457,26 @@ def evaluate(reward_model, tokenizer, comparisons: list[dict], args: Args, devic
             "margins": (chosen_scores - rejected_scores).tolist()}
 
 
+def cross_validated_l2(chosen_features: torch.Tensor, rejected_features: torch.Tensor, prompts: list[str],
+                       l2s: tuple[float, ...], folds: int, seed: int) -> tuple[float, dict]:
+    """detail 45: the L2 among l2s whose probes rank the most training pairs right, each fold scored by the
+    probe fitted on the other folds, which hold whole prompts (their seeded keys dealt round-robin as in
+    split_comparisons); and every L2's pooled accuracy. Ties: the first. One L2: it, unscored."""
+    if len(l2s) == 1:
+        return l2s[0], {}
+    distinct = sorted(set(prompts), key=lambda p: (random.Random(f"{seed} fold {p}").random(), p))
+    fold_of = {p: i % folds for i, p in enumerate(distinct)}
+    fold = torch.tensor([fold_of[p] for p in prompts])
+    differences, accuracies = chosen_features.double() - rejected_features.double(), {}
+    for l2 in l2s:
+        margins = torch.zeros(len(prompts), dtype=torch.float64)
+        for k in range(folds):  # each pair's margin from the probe fitted without its fold
+            margins[fold == k] = differences[fold == k] @ fit_probe(chosen_features[fold != k],
+                                                                    rejected_features[fold != k], l2)
+        accuracies[l2] = comparison_accuracy(margins, torch.zeros_like(margins))
+    return max(l2s, key=accuracies.__getitem__), accuracies
+
+
 def check_args(args: Args) -> None:
     """Validate the arguments and compute the derived sizes; fail before any model is loaded."""
 
@@ -497,13 +489,12 @@ def check_args(args: Args) -> None:
     require(("num_comparisons", "max_query_length", "response_length", "num_epochs", "batch_size",
              "gradient_accumulation_steps", "forward_batch_size", "num_threads"),
             lambda v: v >= 1, "at least 1")
-    require(("max_length",), lambda v: v >= 2, "at least 2")
+    require(("max_length", "probe_folds"), lambda v: v >= 2, "at least 2")
     require(("eval_every",), lambda v: v >= 0, "at least 0")
     require(("gold_beta", "temperature", "learning_rate", "head_learning_rate", "max_grad_norm"),
             lambda v: v is None or v > 0 and math.isfinite(v), "positive")
     require(("probe_l2",), lambda v: len(v) >= 1 and all(x >= 0 and math.isfinite(x) for x in v),
             "one or more numbers, each at least 0")
-    require(("probe_folds",), lambda v: v >= 2, "at least 2")
     require(("eval_fraction",), lambda v: 0 < v < 1, "between 0 and 1 (exclusive)")
     require(("readout",), lambda v: v in ("mean", "end", "last"), "`mean`, `end` or `last`")
     if not 0 <= args.min_response_length < args.response_length:
@@ -529,13 +520,9 @@ def check_args(args: Args) -> None:
     if args.preferences is not None:
         raise SystemExit(f"error: --preferences {args.preferences}: --gold writes its own comparisons to "
                          "<run dir>/preferences.jsonl; pass one or the other")
-    if args.gold == "vader":
-        import importlib.util
-
-        if importlib.util.find_spec("vaderSentiment") is None:
-            raise SystemExit("error: --gold vader needs the vaderSentiment package (pip install "
-                             "vaderSentiment)")
-    elif args.gold != "length" and not os.path.isdir(os.path.expanduser(args.gold)):
+    if args.gold == "vader" and importlib.util.find_spec("vaderSentiment") is None:
+        raise SystemExit("error: --gold vader needs the vaderSentiment package (pip install vaderSentiment)")
+    if args.gold not in ("vader", "length") and not os.path.isdir(os.path.expanduser(args.gold)):
         raise SystemExit(f"error: --gold {args.gold}: not `vader`, `length` or a sequence-classifier folder")
     if args.prompts_file is not None and not os.path.isfile(args.prompts_file):
         raise SystemExit(f"error: --prompts-file {args.prompts_file}: no such file")
@@ -721,9 +708,8 @@ def load_gold_fn(args: Args, device: torch.device):
 def save_reward_model(reward_model: nn.Module, model_name: str, path: str, reward_bias: float,
                       end_token: str, readout: str) -> None:
     """save_pretrained with a tokenizer that pads on the right with an id the model can embed (EOS if none),
-    and the end token the loaders append and the readout (detail 36; they read the score from the attention
-    mask, as the pad token may be that end token; with --readout last, plain transformers' readout is the
-    score)."""
+    the end token the loaders append and the readout (detail 36; with --readout last, plain transformers'
+    readout is the score; the loaders find the end token from the attention mask: it may be the pad too)."""
     tokenizer = from_pretrained(AutoTokenizer, model_name, "--model-name", padding_side="right",
                                 truncation_side="left")
     if tokenizer.pad_token is None:
