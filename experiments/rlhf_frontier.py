@@ -1,23 +1,22 @@
 """The reward-KL frontier of DPO, PPO and GRPO on a learned reward model, PPO on the gold, and best-of-n.
 
-The DPO paper's figure (Rafailov et al. 2023, arXiv:2305.18290, its Figure 2) at this project's scale: from one
-file of comparisons labeled by a gold scorer, which method buys the most gold for a given KL to the initial
-policy? Every method starts from --model-name and sees the same comparisons, directly (dpo_gpt2.py) or through
-the reward model learned from them (reward_model_gpt2.py, then ppo_rlhf_gpt2.py or grpo_gpt2.py); PPO on the gold
-itself shows what the reward model stands in for, best-of-n on the reward model the frontier with no training.
+The DPO paper's figure (Rafailov et al. 2023, arXiv:2305.18290, Fig. 2) at this project's scale: from one file of
+comparisons labeled by a gold scorer, which method buys the most gold for a given KL to the initial policy? Every
+method starts from --model-name and sees the same comparisons, directly (dpo_gpt2.py) or through the reward model
+learned from them (reward_model_gpt2.py, then ppo_rlhf_gpt2.py or grpo_gpt2.py); PPO on the gold shows what the
+reward model stands in for; best-of-n on it, the frontier with no training.
 
 One evaluation for every method (`measure`): --samples-per-prompt responses to each of --num-prompts held-out
-prompts (rlhf_overoptimization.py's 64 openings; the preference file's prompts are ppo_rlhf_gpt2.PROMPTS),
-sampled as the RL files sample (dpo_gpt2.generate), from one seeded random stream (the same draws at every
-point); the gold of prompt + response and the KL to the initial policy from the sampled tokens, sum_t log pi(y_t)
-- log pi_ref(y_t) (k1); means over prompts of each prompt's mean, standard errors over prompts. The scripts run
-unchanged in this process, their held-out evaluation (ppo_rlhf_gpt2.evaluate, grpo_gpt2.evaluate,
-dpo_gpt2.evaluate_samples) replaced by `measure` at their --eval-every points (the first, at step 0, is the
-initial point all runs share). CPU time: the run's process time minus measure's and DPO's held-out accuracy's;
-also before each point. Best-of-n: N responses per prompt from the initial policy, the reward model's best of n
-(expected over all n-subsets), KL log n - (n-1)/n. Reading the frontier: each run's gold (and CPU time) at KL 1,
-2, 3 and 6 nats, linear between its first point at or past the KL and the one before; over seeds, the mean and
-a 95% t-interval, DPO minus each other method a 95% Welch one. Best-of-n's interval is over prompts.
+prompts (rlhf_overoptimization.py's 64 openings; the preference file's are ppo_rlhf_gpt2.PROMPTS), sampled as the RL
+files sample (dpo_gpt2.generate) from one seeded random stream (the same draws at every point); the gold of prompt +
+response, the KL to the initial policy from the sampled tokens, sum_t log pi(y_t) - log pi_ref(y_t) (k1); means over
+prompts of each prompt's mean, standard errors over prompts. The scripts run unchanged in this process, their
+held-out evaluation (ppo_rlhf_gpt2.evaluate, grpo_gpt2.evaluate, dpo_gpt2.evaluate_samples) replaced by `measure` at
+their --eval-every points (the first, step 0, the initial point all runs share). CPU time: the process time minus
+measure's and the held-out accuracy's (DPO's, the reward model's); also before each point. Each run's gold (and CPU
+time) at KL 1, 2, 3 and 6 nats: linear between its first point at or past the KL and the one before; over seeds the
+mean and a 95% t-interval, DPO minus each other method a 95% Welch one. Best-of-n (best_of_n_record): an interval
+over prompts.
 
 Usage (from the repository root; each step skips the runs whose record exists, so it can span sittings):
     python experiments/rlhf_frontier.py reward-model --preferences vader_2000.jsonl
@@ -39,6 +38,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from typing import Annotated, Union
+from unittest import mock
 
 import numpy as np
 import torch
@@ -232,6 +232,15 @@ def initial_point(frontier: Frontier, runs: str) -> dict:
     return read_json(path)
 
 
+def timed(fn, cpu: list):  # fn, each call's CPU time appended to cpu: an evaluation, left out of the run's
+    def call(*args, **kwargs):
+        start = time.process_time()
+        result = fn(*args, **kwargs)
+        cpu.append(time.process_time() - start)
+        return result
+    return call
+
+
 @contextlib.contextmanager
 def measured_by(frontier: Frontier, module, initial: dict, points: list, cpu: list):
     """Replace the script's held-out evaluation by frontier.point for the run (restored after); the first call (step
@@ -239,24 +248,16 @@ def measured_by(frontier: Frontier, module, initial: dict, points: list, cpu: li
     name, begun = MEASURED[module], time.process_time()
     original, accuracy = getattr(module, name), dpo.evaluate
 
-    def timed(fn):  # each call's CPU time goes to cpu, left out of the run's
-        def call(*args, **kwargs):
-            start = time.process_time()
-            result = fn(*args, **kwargs)
-            cpu.append(time.process_time() - start)
-            return result
-        return call
     def evaluation(policy, *args, **kwargs):  # each point with the CPU minutes trained before it
         spent = (time.process_time() - begun - sum(cpu)) / 60
         point = {**(initial if not points else frontier.point(policy)), "cpu_minutes": spent}
         points.append(point)
         return {"raw_score_mean": point["gold"], "raw_score_stderr": point["gold_se"], "samples": [],
-                "stop_share": point["stop_share"], "prompts": len(point["gold_per_prompt"]),
-                "kl_mean": point["kl"], "kl_stderr": point["kl_se"], "gold_scores_mean": point["gold"],
-                "gold_scores_stderr": point["gold_se"]}
+                "stop_share": point["stop_share"], "prompts": len(point["gold_per_prompt"]), "kl_mean": point["kl"],
+                "kl_stderr": point["kl_se"], "gold_scores_mean": point["gold"], "gold_scores_stderr": point["gold_se"]}
 
-    setattr(module, name, timed(evaluation))
-    dpo.evaluate = timed(accuracy) if module is dpo else accuracy  # DPO's held-out accuracy: kept, its time not
+    setattr(module, name, timed(evaluation, cpu))
+    dpo.evaluate = timed(accuracy, cpu) if module is dpo else accuracy  # DPO's held-out accuracy: kept, its time not
     try:
         yield
     finally:
@@ -324,11 +325,12 @@ def run_reward_model(args: RewardModel) -> dict:
     check_file(args.preferences)
     flags = f"--preferences {args.preferences} {args.rm_flags}"
     rm_args, command = script_args(rm, flags, 1, args, os.path.join(ROOT, args.runs, "reward_model"))
-    start = time.process_time()
-    result = rm.main(rm_args)
+    start, eval_cpu = time.process_time(), []
+    with mock.patch.object(rm, "evaluate", timed(rm.evaluate, eval_cpu)):  # held-out passes, as DPO's: not counted
+        result = rm.main(rm_args)
     record = {"model_path": result["model_path"], "held_out_accuracy": result["eval_accuracy"],
-              "command": command, "cpu_minutes": (time.process_time() - start) / 60,
-              "preferences": args.preferences}
+              "command": command, "cpu_minutes": (time.process_time() - start - sum(eval_cpu)) / 60,
+              "eval_cpu_minutes": sum(eval_cpu) / 60, "preferences": args.preferences}
     write_json(path, record)
     return record
 
@@ -426,10 +428,12 @@ def report(args: Report) -> str:
                      f" | {np.mean([p['kl'] for p in last]):.2f}, {np.mean([p['gold'] for p in last]):.3f} | "
                      f"{row['cpu_minutes']:.1f} | " + ("-" if row["cpu_at_3"] is None else "≈" *
                                                         row["cpu_at_3"][1] + f"{row['cpu_at_3'][0]:.1f}") + " |")
-    if rm_record:
+    if rm_record:  # its held-out passes timed apart where the record has them
+        passes = rm_record.get("eval_cpu_minutes")
         lines += ["", f"The reward model (ppo, grpo, best_of_n): held-out accuracy "
-                  f"{rm_record['held_out_accuracy']:.3f}, {rm_record['cpu_minutes']:.1f} CPU minutes to train: "
-                  f"`{rm_record['command'].replace(rm_record['preferences'], 'vader_2000.jsonl')}`."]
+                  f"{rm_record['held_out_accuracy']:.3f}, {rm_record['cpu_minutes']:.1f} CPU minutes to train"
+                  + ("" if passes is None else f", its held-out passes left out ({passes:.1f} more)") +
+                  f": `{rm_record['command'].replace(rm_record['preferences'], 'vader_2000.jsonl')}`."]
     lines += ["", "Each run's command (seed 1; `reward_model/model`: the folder the reward-model step saved; each run "
               "also gets the experiment's `--runs-dir`):", ""]
     for r in {(r["method"], r["setting"]): r for r in records if "command" in r}.values():
@@ -459,9 +463,8 @@ def report(args: Report) -> str:
     fig.savefig(os.path.join(ROOT, args.out + ".png"), dpi=100, bbox_inches="tight")
     text = "\n".join(lines) + f"\n\n![gold against KL]({os.path.basename(args.out)}.png)\n"
     md = os.path.join(ROOT, args.out + ".md")
-    head = "# The reward-KL frontier\n\n"
-    if os.path.exists(md) and "<!-- generated -->" in open(md).read():
-        head = open(md).read().split("<!-- generated -->", 1)[0]
+    old = open(md).read() if os.path.exists(md) else ""
+    head = old.split("<!-- generated -->", 1)[0] if "<!-- generated -->" in old else "# The reward-KL frontier\n\n"
     with open(md, "w") as f:
         f.write(head + "<!-- generated -->\n" + text)
     return text
@@ -488,12 +491,8 @@ def write_json(path: str, record: dict) -> None:
     os.replace(path + ".tmp", path)  # a record exists only whole: an interrupted run is redone
 
 
-def main(args) -> None:
-    run_reward_model(args) if isinstance(args, RewardModel) else run(args) if isinstance(args, Run) else print(
-        report(args))
-
-
 if __name__ == "__main__":
-    main(tyro.cli(Union[Annotated[RewardModel, tyro.conf.subcommand("reward-model")],
-                        Annotated[Run, tyro.conf.subcommand("run")],
-                        Annotated[Report, tyro.conf.subcommand("report")]]))
+    sub = tyro.conf.subcommand
+    args = tyro.cli(Union[Annotated[RewardModel, sub("reward-model")], Annotated[Run, sub("run")],
+                          Annotated[Report, sub("report")]])
+    {RewardModel: run_reward_model, Run: run, Report: lambda a: print(report(a))}[type(args)](args)

@@ -128,6 +128,32 @@ def tiny_frontier(tiny, tmp_path, monkeypatch):
     return {"prefs": prefs, "common": common, "tmp": tmp_path}
 
 
+def test_the_reward_model_s_cpu_minutes_leave_its_held_out_passes_out(tiny, tmp_path, monkeypatch):
+    """Each held-out pass of reward_model_gpt2.py, made half a CPU second slower, is timed apart: the record's
+    minutes are the rest of the run; the module is restored after."""
+    evaluate, calls = F.rm.evaluate, []
+
+    def slow_evaluate(*args, **kwargs):
+        start = time.process_time()
+        while time.process_time() - start < 0.5:
+            pass
+        calls.append(evaluate(*args, **kwargs))
+        return calls[-1]
+
+    monkeypatch.setattr(F.rm, "evaluate", slow_evaluate)
+    prefs = write_preferences(tmp_path / "prefs.jsonl", F.rlhf.PROMPTS[:8])
+    start = time.process_time()
+    record = F.run_reward_model(F.RewardModel(
+        preferences=prefs, rm_flags="--eval-fraction 0.25 --save-model --batch-size 4 --eval-every 1",
+        runs=str(tmp_path / "runs"), model_name=tiny["policy"]))
+    total = time.process_time() - start
+    assert len(calls) == 5  # steps 0, 1, 2, 3 and the end: 18 training comparisons, 4 a step
+    assert record["eval_cpu_minutes"] * 60 >= 0.5 * len(calls)
+    assert (record["cpu_minutes"] + record["eval_cpu_minutes"]) * 60 == pytest.approx(total, abs=0.2)
+    assert record["held_out_accuracy"] == calls[-1]["accuracy"] and F.rm.evaluate is slow_evaluate
+    assert json.loads((tmp_path / "runs" / "reward_model.json").read_text()) == record
+
+
 def test_every_method_is_measured_by_the_one_evaluation(tiny_frontier, monkeypatch):
     common, runs = tiny_frontier["common"], Path(tiny_frontier["common"]["runs"])
     accuracy, burned = F.dpo.evaluate, []
