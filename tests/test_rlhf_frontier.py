@@ -128,18 +128,22 @@ def tiny_frontier(tiny, tmp_path, monkeypatch):
     return {"prefs": prefs, "common": common, "tmp": tmp_path}
 
 
-def test_the_reward_model_s_cpu_minutes_leave_its_held_out_passes_out(tiny, tmp_path, monkeypatch):
-    """Each held-out pass of reward_model_gpt2.py, made half a CPU second slower, is timed apart: the record's
-    minutes are the rest of the run; the module is restored after."""
-    evaluate, calls = F.rm.evaluate, []
-
-    def slow_evaluate(*args, **kwargs):
+def half_a_second_slower(fn, results: list):
+    """fn after half a CPU second of busy waiting, each result appended to results."""
+    def slow(*args, **kwargs):
         start = time.process_time()
         while time.process_time() - start < 0.5:
             pass
-        calls.append(evaluate(*args, **kwargs))
-        return calls[-1]
+        results.append(fn(*args, **kwargs))
+        return results[-1]
+    return slow
 
+
+def test_the_reward_model_s_cpu_minutes_leave_its_held_out_passes_out(tiny, tmp_path, monkeypatch):
+    """Each held-out pass of reward_model_gpt2.py, made half a CPU second slower, is timed apart: the record's
+    minutes are the rest of the run; the module is restored after."""
+    calls = []
+    slow_evaluate = half_a_second_slower(F.rm.evaluate, calls)
     monkeypatch.setattr(F.rm, "evaluate", slow_evaluate)
     prefs = write_preferences(tmp_path / "prefs.jsonl", F.rlhf.PROMPTS[:8])
     start = time.process_time()
@@ -156,16 +160,8 @@ def test_the_reward_model_s_cpu_minutes_leave_its_held_out_passes_out(tiny, tmp_
 
 def test_every_method_is_measured_by_the_one_evaluation(tiny_frontier, monkeypatch):
     common, runs = tiny_frontier["common"], Path(tiny_frontier["common"]["runs"])
-    accuracy, burned = F.dpo.evaluate, []
-
-    def slow_accuracy(*args, **kwargs):  # DPO's held-out accuracy, half a CPU second slower: not training
-        start = time.process_time()
-        while time.process_time() - start < 0.5:
-            pass
-        burned.append(accuracy(*args, **kwargs))
-        return burned[-1]
-
-    monkeypatch.setattr(F.dpo, "evaluate", slow_accuracy)
+    burned = []  # DPO's held-out accuracy, half a CPU second slower: not training
+    monkeypatch.setattr(F.dpo, "evaluate", half_a_second_slower(F.dpo.evaluate, burned))
     F.run(F.Run(preferences=tiny_frontier["prefs"], methods=["dpo", "ppo", "grpo", "best_of_n"], seeds=[1],
                 best_of_n=4, **common))
     initial = json.loads((runs / "initial.json").read_text())
