@@ -45,9 +45,10 @@ Implementation details; numbers as in ppo_rlhf_gpt2.py and reward_model_gpt2.py,
 39. reward_model_gpt2.py's seeded held-out split by prompt: the same flags hold out the same comparisons;
     --split-seed keeps one split while --seed varies the rest.
 40. The whole model trained, one epoch by default.
-41. The reference is the policy before its first step: its log-probs of every response are computed once,
-    in chunks without gradients, before training, so no second model is in memory while training. The
-    sampled evaluation reloads it from --model-name, for the KL only, and lets it go again.
+41. The reference is the policy before its first step: its log-probs of every training response are computed
+    once, in chunks without gradients, before training, so no second model is in memory while training; those
+    of the held-out responses are the policy's own at the step-0 evaluation (one pass, not two). The sampled
+    evaluation reloads it from --model-name, for the KL only, and lets it go again.
 42. A response's tokens: prompt + response is tokenized whole (the text the reward model reads), and the
     response's tokens are those ending after the prompt's characters (a token merged across the boundary is
     the response's); never the prompt's, never padding. No end token is scored: responses are scored as the
@@ -228,10 +229,13 @@ def logps_in_chunks(model, tokenizer, comparisons: list[dict], args: Args, devic
 
 
 @torch.no_grad()
-def evaluate(policy, tokenizer, comparisons: list[dict], ref_logps: torch.Tensor, args: Args, device) -> dict:
+def evaluate(policy, tokenizer, comparisons: list[dict], ref_logps: torch.Tensor | None, args: Args,
+             device) -> tuple[dict, torch.Tensor]:
     """The held-out comparisons: the implicit reward's accuracy with its standard error over prompts (detail
-    43), the loss, and each comparison's margin beta * (chosen_logratios - rejected_logratios)."""
+    43), the loss, and each comparison's margin beta * (chosen_logratios - rejected_logratios); and the
+    policy's log-probs (as logps_in_chunks), which are the reference's where ref_logps is None (step 0)."""
     logps = logps_in_chunks(policy, tokenizer, comparisons, args, device)
+    ref_logps = logps if ref_logps is None else ref_logps
     loss, chosen_rewards, rejected_rewards = dpo_loss(logps[0], logps[1], ref_logps[0], ref_logps[1],
                                                       args.beta, args.loss_type, args.label_smoothing,
                                                       logps[2], logps[3])
@@ -239,7 +243,7 @@ def evaluate(policy, tokenizer, comparisons: list[dict], ref_logps: torch.Tensor
     margins = (chosen_rewards - rejected_rewards).cpu()
     return {"accuracy": correct.mean().item(), "dpo_loss": loss.item(), "margins_mean": margins.mean().item(),
             "accuracy_stderr": prompt_stderr(correct, [c["prompt"] for c in comparisons]),
-            "margins": margins.tolist()}
+            "margins": margins.tolist()}, logps
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -274,7 +278,7 @@ def main(args: Args) -> dict:
     # 2. the reference's log-probs, once (detail 41): the policy before its first step is the reference
     policy = load_policy(args.model_name, device)
     ref_train = logps_in_chunks(policy, tokenizer, train_set, args, device)
-    ref_eval = logps_in_chunks(policy, tokenizer, eval_set, args, device)
+    ref_eval = None  # the held-out ones: the policy's at the step-0 evaluation
     optimizer = torch.optim.Adam(policy.parameters(), lr=args.learning_rate, eps=1e-5)  # detail 3
     writer = SummaryWriter(run_dir)
     writer.add_text("hyperparameters", "\n".join(f"|{k}|{v}|" for k, v in [("param", "value"), ("-", "-"),
@@ -283,7 +287,10 @@ def main(args: Args) -> dict:
     step, interrupted, eval_stats = 0, False, {}
 
     def held_out_evaluation():
-        eval_stats.update(evaluate(policy, tokenizer, eval_set, ref_eval, args, device))
+        nonlocal ref_eval
+        stats, logps = evaluate(policy, tokenizer, eval_set, ref_eval, args, device)
+        ref_eval = logps if ref_eval is None else ref_eval
+        eval_stats.update(stats)
         for key in ("accuracy", "accuracy_stderr", "dpo_loss", "margins_mean"):
             writer.add_scalar(f"eval/{key}", eval_stats[key], step)
         if gold_accuracy is not None:  # detail 39: the ceiling, beside the implicit reward's accuracy

@@ -60,7 +60,7 @@ KL_TARGETS = (1.0, 2.0, 3.0, 6.0)
 RL = "--total-episodes 1280 --batch-size 64 --num-minibatches 4 --update-epochs 1 --learning-rate 5e-5 --eval-every 4"
 # method: (script, {setting: flags}); {rm}: the reward model, {prefs}: the file. DPO: (beta, lr, --eval-every), on
 # the reward model's split, at its lr (DPO's 5e-6 barely moves in an epoch), and to reach further at 5e-5 to 1e-4:
-DPO = (("0.1", "2e-5", 17), ("0.03", "2e-5", 17), ("0.3", "2e-5", 17), ("0.1", "5e-5", 17), ("0.1", "1e-4", 9),
+DPO = (("0.1", "2e-5", 17), ("0.03", "2e-5", 17), ("0.3", "2e-5", 17), ("0.1", "5e-5", 17), ("0.1", "1e-4", 6),
        ("0.1", "7e-5", 9), ("0.03", "7e-5", 9), ("0.3", "7e-5", 9))
 METHODS = {
     "dpo": (dpo, {f"beta {b}" + ("" if lr == "2e-5" else f" lr {lr}"): f"--beta {b} --preferences {{prefs}} "

@@ -296,6 +296,31 @@ def test_the_reference_is_computed_once_and_training_does_not_change_it(tiny, tm
     assert seen[-1]["now"][0] != pytest.approx(seen[-1]["ref"][0], abs=1e-3)  # the policy has moved
 
 
+def test_held_out_margins_are_against_the_initial_model_whose_pass_is_the_step_0_evaluation(tiny, tmp_path,
+                                                                                             monkeypatch):
+    """The final held-out margins are beta * ((log pi - log pi_ref)(chosen) - (log pi - log pi_ref)(rejected)),
+    pi the trained policy and pi_ref the initial model, one text at a time by hand; the held-out texts are read
+    once per evaluation, the step-0 pass giving the reference's numbers."""
+    passes, trained, real_chunks = [], [], dpo.logps_in_chunks
+    monkeypatch.setattr(dpo, "logps_in_chunks", lambda model, tokenizer, comparisons, *a: passes.append(
+        len(comparisons)) or real_chunks(model, tokenizer, comparisons, *a))
+    monkeypatch.setattr(dpo, "save_policy", lambda policy, *a: trained.append(policy))
+    args = tiny_args(tiny, tmp_path, save_model=True, eval_every=2, beta=0.3)
+    result = dpo.main(args)
+    assert passes == [18, 6, 6, 6]  # the 18 training comparisons, then the 6 held out at steps 0, 2 and 4
+    comparisons = [json.loads(line) for line in Path(args.preferences).read_text().splitlines()]
+    scores = [json.loads(line) for line in Path(result["held_out_scores"]).read_text().splitlines()]
+    tokenizer = AutoTokenizer.from_pretrained(tiny["policy"])
+    initial = AutoModelForCausalLM.from_pretrained(tiny["policy"]).eval()
+    for score in scores:
+        c = comparisons[score["index"]]
+        logratios = [logps_by_hand(trained[0], tokenizer, c["prompt"], c[key], args.temperature)[0]
+                     - logps_by_hand(initial, tokenizer, c["prompt"], c[key], args.temperature)[0]
+                     for key in ("chosen", "rejected")]
+        assert score["margin"] == pytest.approx(0.3 * (logratios[0] - logratios[1]), abs=1e-4)
+    assert max(abs(score["margin"]) for score in scores) > 1e-2  # the policy has moved
+
+
 def test_accumulated_micro_batches_give_the_gradient_of_the_whole_batch(tiny, tmp_path, monkeypatch):
     first_grads, real_clip, run = {}, torch.nn.utils.clip_grad_norm_, None
 

@@ -180,7 +180,7 @@ def test_every_method_is_measured_by_the_one_evaluation(tiny_frontier, monkeypat
         cpu = [p["cpu_minutes"] for p in record["points"]]  # the training time before each point, measures excluded
         assert 0 <= cpu[0] < cpu[1] < cpu[2] <= record["cpu_minutes"]
     assert len(burned) == 3 and records["dpo"]["cpu_minutes"] * 60 < 0.5  # at steps 0, 2 and 4, none counted
-    assert records["dpo"]["held_out_accuracy"][0] == burned[-1]["accuracy"]  # still the record's accuracy
+    assert records["dpo"]["held_out_accuracy"][0] == burned[-1][0]["accuracy"]  # still the record's accuracy
     # the last point is the policy the run saved, measured afresh
     frontier = F.Frontier(F.Common(**common))
     saved = F.dpo.load_policy(os.path.join(records["ppo"]["run_dir"], "model"), torch.device("cpu"))
