@@ -439,10 +439,11 @@ def score_in_chunks(reward_model, tokenizer, comparisons: list[dict], args: Args
 @torch.inference_mode()
 def readout_features(reward_model, tokenizer, comparisons: list[dict], args: Args, device):
     """detail 45: (chosen, rejected) features, (len(comparisons), hidden) each: what the head reads of each
-    text (detail 36), as score_in_chunks computes it with the head swapped for the identity."""
+    text (detail 36), as score_in_chunks computes it with the head swapped for the identity; on the CPU, where
+    the probe is fitted."""
     head, reward_model.score = reward_model.score, nn.Identity()
     try:
-        features = score_in_chunks(reward_model, tokenizer, comparisons, args, device)
+        features = score_in_chunks(reward_model, tokenizer, comparisons, args, device).cpu()
     finally:
         reward_model.score = head
     return features[: len(comparisons)], features[len(comparisons) :]

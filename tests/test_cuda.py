@@ -1,6 +1,7 @@
 """The `--cuda` path of every script, run on a GPU. CI has none, so there these tests are skipped; on a machine
 with a CUDA GPU, `python -m pytest tests/test_cuda.py` runs them (the README says when they last ran)."""
 
+import json
 import os
 
 import numpy as np
@@ -15,7 +16,8 @@ import ppo_cartpole
 import ppo_rlhf_gpt2 as rlhf
 import ppo_walker2d
 import reinforce
-from test_dpo_gpt2 import comparisons_of
+import reward_model_gpt2 as rm
+from test_dpo_gpt2 import comparisons_of, write_lines
 from test_dpo_gpt2 import read_scalars as dpo_read_scalars
 from test_dpo_gpt2 import tiny_args as dpo_tiny_args
 from test_grpo_gpt2 import tiny_args as grpo_tiny_args
@@ -118,3 +120,28 @@ def test_dpo_trains_on_the_gpu_and_its_saved_policy_loads_on_the_cpu(tiny, tmp_p
         evaluated = rlhf.main(rlhf.Args(eval_checkpoint=result["model_path"], reward_model="vader",
                                         eval_episodes=4, cuda=cuda))
         assert np.isfinite(evaluated["eval"]["final"]["raw_score_mean"])
+
+
+def test_reward_model_probes_and_trains_on_the_gpu_as_on_the_cpu_and_loads_on_the_cpu(tiny, tmp_path):
+    """The default run: the head fitted on the frozen features with a cross-validated L2 (detail 45), then the whole
+    model trained. The same comparisons on either device: the same L2 chosen and, at step 0, the same held-out loss
+    of the probed head; the GPU-trained model saved, loaded on the CPU and scoring there as it did on the GPU."""
+    preferences = write_lines(tmp_path / "prefs.jsonl", comparisons_of(rlhf.PROMPTS[:12], per_prompt=3))
+    runs = {}
+    for cuda in (True, False):
+        args = rm.Args(model_name=tiny["policy"], preferences=preferences, eval_fraction=0.25, batch_size=8,
+                       forward_batch_size=16, learning_rate=1e-3, runs_dir=str(tmp_path / f"cuda_{cuda}"),
+                       cuda=cuda, save_model=cuda)
+        runs[cuda] = on_the_gpu(lambda: rm.main(args)) if cuda else rm.main(args)
+    on = {cuda: dpo_read_scalars(runs[cuda]["run_dir"]) for cuda in runs}
+    assert on[True]["probe/l2"] == on[False]["probe/l2"]
+    np.testing.assert_allclose(on[True]["eval/reward_loss"][0][1], on[False]["eval/reward_loss"][0][1], rtol=1e-4)
+    # the saved model read by the RL files on either device: the same scores, normalized on the GPU to mean 0 and
+    # std 1 over the file's responses (detail 31)
+    comparisons = [json.loads(line) for line in open(preferences)]
+    responses = [c[key] for key in ("chosen", "rejected") for c in comparisons]
+    texts = [c["prompt"] + c[key] for key in ("chosen", "rejected") for c in comparisons]
+    scores = {device: rlhf.load_reward_fn(rlhf.Args(reward_model=runs[True]["model_path"]),
+                                          torch.device(device))(texts, responses).cpu() for device in ("cpu", "cuda")}
+    torch.testing.assert_close(scores["cuda"], scores["cpu"], atol=1e-4, rtol=1e-4)
+    assert abs(scores["cpu"].mean().item()) < 1e-3 and abs(scores["cpu"].std().item() - 1) < 1e-3
