@@ -1,5 +1,5 @@
 """The `--cuda` path of every script, run on a GPU. CI has none, so there these tests are skipped; on a machine
-with a CUDA GPU, `python -m pytest tests/test_cuda.py` runs them (the README says when they last ran)."""
+with a CUDA GPU, `python -m pytest tests/test_cuda.py` runs them (docs/testing.md says when they last ran)."""
 
 import json
 import os
