@@ -1,7 +1,6 @@
 """The `--cuda` path of every script, run on a GPU. CI has none, so there these tests are skipped; on a machine
 with a CUDA GPU, `python -m pytest tests/test_cuda.py` runs them (docs/testing.md says when they last ran)."""
 
-import json
 import os
 
 import numpy as np
@@ -126,7 +125,8 @@ def test_reward_model_probes_and_trains_on_the_gpu_as_on_the_cpu_and_loads_on_th
     """The default run: the head fitted on the frozen features with a cross-validated L2 (detail 45), then the whole
     model trained. The same comparisons on either device: the same L2 chosen and, at step 0, the same held-out loss
     of the probed head; the GPU-trained model saved, loaded on the CPU and scoring there as it did on the GPU."""
-    preferences = write_lines(tmp_path / "prefs.jsonl", comparisons_of(rlhf.PROMPTS[:12], per_prompt=3))
+    comparisons = comparisons_of(rlhf.PROMPTS[:12], per_prompt=3)
+    preferences = write_lines(tmp_path / "prefs.jsonl", comparisons)
     runs = {}
     for cuda in (True, False):
         args = rm.Args(model_name=tiny["policy"], preferences=preferences, eval_fraction=0.25, batch_size=8,
@@ -138,7 +138,6 @@ def test_reward_model_probes_and_trains_on_the_gpu_as_on_the_cpu_and_loads_on_th
     np.testing.assert_allclose(on[True]["eval/reward_loss"][0][1], on[False]["eval/reward_loss"][0][1], rtol=1e-4)
     # the saved model read by the RL files on either device: the same scores, normalized on the GPU to mean 0 and
     # std 1 over the file's responses (detail 31)
-    comparisons = [json.loads(line) for line in open(preferences)]
     responses = [c[key] for key in ("chosen", "rejected") for c in comparisons]
     texts = [c["prompt"] + c[key] for key in ("chosen", "rejected") for c in comparisons]
     scores = {device: rlhf.load_reward_fn(rlhf.Args(reward_model=runs[True]["model_path"]),
