@@ -41,6 +41,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from protocol import difference_interval, mean_interval  # noqa: E402  (the t- and Welch intervals)
+
 ROOT = Path(__file__).resolve().parents[1]
 COMMON = ("--model-name models/smollm2-135m --reward-model arithmetic --arithmetic-digits 2 "
           "--response-length 8 --min-response-length 0 --batch-size 64 --total-episodes 512 "
@@ -78,10 +81,6 @@ TUNING = {
 TUNING_COMMON = COMMON.replace("--eval-every 2", "--eval-every 0") + " --eval-split validation"
 TUNING_SEED = 100
 RUNS = "experiments/runs/ppo_vs_grpo"
-# the 97.5% quantile of Student's t by degrees of freedom, interpolated between them (beyond 30: 30's)
-T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-         11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093,
-         20: 2.086, 30: 2.042}
 
 
 def command_of(method: str, seed: int, runs: str, common: str = COMMON, methods: dict = METHODS) -> list[str]:
@@ -167,27 +166,6 @@ def run_curves(scalars: dict, batch_size: int) -> dict:
     return {"completions": [step * batch_size for step in steps],
             "seconds": [float(elapsed[step]) for step in steps],
             "accuracy": [value for _, value in scalars["eval/accuracy"]]}
-
-
-def mean_interval(values) -> tuple[float, float, float]:
-    """Mean over the seeds and the half-width of its 95% t-interval (0 for one seed)."""
-    values = np.asarray(values, dtype=float)
-    if len(values) < 2:
-        return float(values.mean()), 0.0, float(values.std())
-    std = float(values.std(ddof=1))
-    t = np.interp(len(values) - 1, list(T_975), list(T_975.values()))
-    return float(values.mean()), float(t * std / len(values) ** 0.5), std
-
-
-def difference_interval(a, b) -> tuple[float, float]:
-    """mean(a) - mean(b) and the half-width of its 95% Welch interval (seeds of two methods)."""
-    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
-    if va + vb == 0:
-        return float(a.mean() - b.mean()), 0.0
-    dof = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
-    t = np.interp(dof, list(T_975), list(T_975.values()))  # between the table's degrees of freedom
-    return float(a.mean() - b.mean()), float(t * (va + vb) ** 0.5)
 
 
 def last_mean(scalars: dict, tag: str, last: int) -> float:

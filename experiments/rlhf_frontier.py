@@ -52,7 +52,8 @@ import grpo_gpt2 as grpo  # noqa: E402
 import ppo_rlhf_gpt2 as rlhf  # noqa: E402
 import reward_model_gpt2 as rm  # noqa: E402
 import rlhf_overoptimization as overopt  # noqa: E402  (the best-of-n math and the held-out prompts)
-from ppo_vs_grpo import difference_interval, mean_interval  # noqa: E402  (Welch's and the t-interval)
+import protocol  # noqa: E402  (the tuning rule, the grids' seeds, the t- and Welch intervals)
+from protocol import difference_interval, mean_interval  # noqa: E402
 
 KL_TARGETS = (1.0, 2.0, 3.0, 6.0)
 # The RL runs' schedule: 20 iterations of 64 responses, 4 minibatch steps each, one epoch, lr 5e-5 (the PPO
@@ -70,6 +71,23 @@ METHODS = {
     "grpo": (grpo, {f"beta {b}": f"--reward-model {{rm}} --beta {b} {RL}" for b in ("0.04", "0.2")}),
     "ppo_gold": (rlhf, {"kl_coef 0.05": f"--reward-model vader --kl-coef 0.05 --kl-target None {RL}"}),
 }
+# The tuning grids (experiments/protocol.py), stated before the first tuning run: 8 settings a method, each run once
+# at protocol.TUNING_SEED on the validation prompts, points twice as dense as above; a tuning run stops at its first
+# point at KL >= STOP_KL, past which the rule reads nothing. PPO: learning rate, KL coefficient, responses per
+# iteration (20 iterations either way); GRPO: learning rate, beta, group size (64 responses an iteration); DPO:
+# learning rate and beta. The ranges were set after the runs above, which read the test prompts.
+STOP_KL = 3.0
+TUNE_RL = "--num-minibatches 4 --update-epochs 1 --eval-every 2"
+TUNING = {
+    "dpo": protocol.grid(lambda lr, beta: f"--beta {beta} --preferences {{prefs}} --eval-fraction 0.2 --split-seed 1 "
+                         f"--learning-rate {lr} --eval-every 3", lr=("5e-5", "1e-4", "2e-4", "4e-4"), beta=("0.1", "0.3")),
+    "ppo": protocol.grid(lambda lr, kl_coef, batch: f"--reward-model {{rm}} --kl-coef {kl_coef} --kl-target None "
+                         f"--learning-rate {lr} --batch-size {batch} --total-episodes {20 * int(batch)} {TUNE_RL}",
+                         lr=("5e-5", "1e-4"), kl_coef=("0.01", "0.05"), batch=("64", "128")),
+    "grpo": protocol.grid(lambda lr, beta, G: f"--reward-model {{rm}} --beta {beta} --num-generations {G} "
+                          f"--learning-rate {lr} --batch-size 64 --total-episodes 1280 {TUNE_RL}",
+                          lr=("5e-5", "1e-4"), beta=("0.01", "0.04"), G=("4", "8")),
+}
 MEASURED = {dpo: "evaluate_samples", rlhf: "evaluate", grpo: "evaluate"}  # the evaluation each script calls
 BEST_OF_N = "best_of_n"
 
@@ -86,6 +104,8 @@ class Common:
     """responses sampled per prompt at each point of a run"""
     eval_seed: int = 0
     """the seed of the evaluation's random stream (the same draws at every point)"""
+    split: str = "test"
+    """the prompts measured: `test` (the tables') or `validation` (the tuning's, VALIDATION_PROMPTS)"""
     flags: str = "--no-cuda --num-threads 1"
     """flags added to every script's command"""
 
@@ -110,6 +130,20 @@ class Run(Common):
     """the seeds of each setting"""
     best_of_n: int = 64
     """best-of-n: responses sampled per prompt (n = 1, 2, 4, ... up to it)"""
+    tuned: bool = False
+    """run each method's setting chosen by its tuning runs (<runs>/tuning) instead of --settings"""
+
+
+@dataclass
+class Tune(Common):
+    preferences: str = "vader_2000.jsonl"
+    """the preference file: DPO trains on it, the others on the reward model learned from it"""
+    methods: list[str] = field(default_factory=lambda: [*TUNING])
+    """which methods' grids (dpo ppo grpo)"""
+    settings: list[str] = field(default_factory=list)
+    """only these settings of each grid (default: all)"""
+    split: str = "validation"
+    """the prompts the tuning runs are measured on"""
 
 
 @dataclass
@@ -167,7 +201,8 @@ class Frontier:
         self.tokenizer, self.stop_token_id = dpo.load_tokenizer(common.model_name, self.args.stop_token)
         self.reference = dpo.load_policy(common.model_name, self.device)
         self.gold_fn = dpo.load_gold_fn(self.args, self.device)
-        self.prompts = overopt.load_eval_prompts(None, common.num_prompts)
+        self.prompts = (overopt.load_eval_prompts(None, common.num_prompts) if common.split == "test" else
+                        [VALIDATION_PROMPTS[i % len(VALIDATION_PROMPTS)] for i in range(common.num_prompts)])
 
     @torch.inference_mode()
     def measure(self, policy, samples_per_prompt: int, reward_fn=None, batch_size: int = 16) -> dict:
@@ -241,10 +276,15 @@ def timed(fn, cpu: list):  # fn, each call's CPU time appended to cpu: an evalua
     return call
 
 
+class StopRun(Exception):
+    """Raised by the evaluation at a tuning run's first point at KL >= its stop_kl: the run ends there."""
+
+
 @contextlib.contextmanager
-def measured_by(frontier: Frontier, module, initial: dict, points: list, cpu: list):
+def measured_by(frontier: Frontier, module, initial: dict, points: list, cpu: list, stop_kl: float | None = None):
     """Replace the script's held-out evaluation by frontier.point for the run (restored after); the first call (step
-    0, the initial policy) returns the shared initial point, in a dict with the keys the script logs and prints."""
+    0, the initial policy) returns the shared initial point, in a dict with the keys the script logs and prints.
+    With stop_kl, the first point at KL >= stop_kl ends the run (StopRun)."""
     name, begun = MEASURED[module], time.process_time()
     original, accuracy = getattr(module, name), dpo.evaluate
 
@@ -252,6 +292,8 @@ def measured_by(frontier: Frontier, module, initial: dict, points: list, cpu: li
         spent = (time.process_time() - begun - sum(cpu)) / 60
         point = {**(initial if not points else frontier.point(policy)), "cpu_minutes": spent}
         points.append(point)
+        if stop_kl is not None and point["kl"] >= stop_kl:
+            raise StopRun
         return {"raw_score_mean": point["gold"], "raw_score_stderr": point["gold_se"], "samples": [],
                 "stop_share": point["stop_share"], "prompts": len(point["gold_per_prompt"]), "kl_mean": point["kl"],
                 "kl_stderr": point["kl_se"], "gold_scores_mean": point["gold"], "gold_scores_stderr": point["gold_se"]}
@@ -274,18 +316,33 @@ def script_args(module, flags: str, seed: int, common: Common, runs_dir: str):
     return args, f"python {os.path.basename(module.__file__)} {command}"
 
 
+def planned_steps(module, args) -> int:
+    """The optimizer steps (DPO) or iterations (RL) a run's flags give it, as the script counts them."""
+    if module is not dpo:
+        return args.num_iterations  # computed by the script's check_args
+    comparisons = dpo.read_preferences(args.preferences, args)
+    train, _ = dpo.split_comparisons([c["prompt"] for c in comparisons], args.eval_fraction,
+                                     args.seed if args.split_seed is None else args.split_seed)
+    return args.num_epochs * (len(train) // args.batch_size)
+
+
 def train_and_measure(frontier: Frontier, initial: dict, method: str, setting: str, seed: int, flags: str,
-                      common: Common) -> dict:
-    """One run of a script, measured along the way; the record of its points, steps and CPU time."""
+                      common: Common, stop_kl: float | None = None) -> dict:
+    """One run of a script, measured along the way; the record of its points, steps and CPU time. With stop_kl (a
+    tuning run), the run ends at its first point at KL >= stop_kl, and the record says so."""
     module = METHODS[method][0]
     args, command = script_args(module, flags, seed, common, os.path.join(ROOT, common.runs, method, "tensorboard"))
-    points, eval_cpu = [], []
+    points, eval_cpu, stopped = [], [], False
     start = time.process_time()
-    with measured_by(frontier, module, initial, points, eval_cpu):
-        result = module.main(args)
+    with measured_by(frontier, module, initial, points, eval_cpu, stop_kl):
+        try:
+            result = module.main(args)
+        except StopRun:
+            result, stopped = {"run_dir": None}, True
     cpu = time.process_time() - start - sum(eval_cpu)
-    last = result["steps"] if module is dpo else args.num_iterations
+    last = result["steps"] if module is dpo and not stopped else planned_steps(module, args)
     steps = [*range(0, last, args.eval_every), last]
+    steps = steps[: len(points)] if stopped else steps
     if len(steps) != len(points):
         raise RuntimeError(f"{method} {setting} seed {seed}: {len(points)} evaluations for steps {steps}: the "
                            "run was interrupted or the script evaluates at other steps")
@@ -294,7 +351,9 @@ def train_and_measure(frontier: Frontier, initial: dict, method: str, setting: s
         point.update(step=step, **{unit: step * args.batch_size})
     record = dict(method=method, setting=setting, seed=seed, command=command, cpu_minutes=cpu / 60, points=points,
                   run_dir=result["run_dir"])
-    if module is dpo:
+    if stop_kl is not None:
+        record["stop_kl"], record["stopped"] = stop_kl, stopped
+    if module is dpo and not stopped:
         record["held_out_accuracy"] = [result["eval_accuracy"], result["eval_accuracy_stderr"]]
     return record
 
@@ -335,17 +394,39 @@ def run_reward_model(args: RewardModel) -> dict:
     return record
 
 
+def reward_model_path(args, methods) -> str | None:
+    """The saved reward model's folder, for the methods that need it (a clear error if not trained yet)."""
+    rm_record = os.path.join(ROOT, args.runs, "reward_model.json")
+    needs_rm = set(methods) & {"ppo", "grpo", BEST_OF_N}
+    if needs_rm and not os.path.exists(rm_record):
+        raise SystemExit(f"error: --methods {' '.join(sorted(needs_rm))} need the reward model: run "
+                         "`python experiments/rlhf_frontier.py reward-model` first")
+    return read_json(rm_record)["model_path"] if needs_rm else None
+
+
+def run_settings(frontier: Frontier, initial: dict, method: str, settings: dict, seeds, args, reward_model,
+                 stop_kl: float | None = None) -> None:
+    """Each setting's runs at each seed, measured; a record each in <args.runs>/<method>/, skipped if it exists."""
+    for setting, flags in settings.items():
+        for seed in seeds:
+            path = os.path.join(ROOT, args.runs, method, f"{setting.replace(' ', '_')}__{seed}.json")
+            if os.path.exists(path):
+                print(f"{path} exists: skipped")
+                continue
+            print(f"== {method}, {setting}, seed {seed}", flush=True)
+            record = train_and_measure(frontier, initial, method, setting, seed,
+                                       flags.format(rm=reward_model, prefs=args.preferences), args, stop_kl)
+            write_json(path, record)
+
+
 def run(args: Run) -> None:
     check_file(args.preferences)
     unknown = set(args.methods) - set(METHODS) - {BEST_OF_N}
     if unknown:
         raise SystemExit(f"error: --methods {' '.join(sorted(unknown))}: not one of {[*METHODS, BEST_OF_N]}")
-    rm_record = os.path.join(ROOT, args.runs, "reward_model.json")
-    needs_rm = set(args.methods) & {"ppo", "grpo", BEST_OF_N}
-    if needs_rm and not os.path.exists(rm_record):
-        raise SystemExit(f"error: --methods {' '.join(sorted(needs_rm))} need the reward model: run "
-                         "`python experiments/rlhf_frontier.py reward-model` first")
-    reward_model = read_json(rm_record)["model_path"] if needs_rm else None
+    if args.tuned:
+        chosen = tuned_settings(os.path.join(ROOT, args.runs, "tuning"), [m for m in args.methods if m in TUNING])
+    reward_model = reward_model_path(args, args.methods)
     torch.set_num_threads(1)  # as the scripts' --num-threads 1: best-of-n runs in this process
     frontier = Frontier(args)
     initial = initial_point(frontier, os.path.join(ROOT, args.runs))
@@ -354,18 +435,57 @@ def run(args: Run) -> None:
         if not os.path.exists(path):
             write_json(path, best_of_n_record(frontier, reward_model, args.best_of_n))
     for method in [m for m in METHODS if m in args.methods]:
-        for setting, flags in METHODS[method][1].items():
-            if args.settings and setting not in args.settings:
-                continue
-            for seed in args.seeds:
-                path = os.path.join(ROOT, args.runs, method, f"{setting.replace(' ', '_')}__{seed}.json")
-                if os.path.exists(path):
-                    print(f"{path} exists: skipped")
-                    continue
-                print(f"== {method}, {setting}, seed {seed}", flush=True)
-                record = train_and_measure(frontier, initial, method, setting, seed,
-                                           flags.format(rm=reward_model, prefs=args.preferences), args)
-                write_json(path, record)
+        if args.tuned:
+            settings = {chosen[method]: TUNING[method][chosen[method]]} if method in chosen else {}
+        else:
+            settings = {k: v for k, v in METHODS[method][1].items() if not args.settings or k in args.settings}
+        run_settings(frontier, initial, method, settings, args.seeds, args, reward_model)
+
+
+def tune(args: Tune) -> None:
+    """Each method's grid, one run a setting at protocol.TUNING_SEED, on the validation prompts, each stopped at
+    its first point at KL >= STOP_KL; records in <runs>/tuning/."""
+    check_file(args.preferences)
+    unknown = set(args.methods) - set(TUNING)
+    if unknown:
+        raise SystemExit(f"error: --methods {' '.join(sorted(unknown))}: not one of {[*TUNING]}")
+    if args.split != "validation":
+        raise SystemExit(f"error: --split {args.split}: the tuning runs read the validation prompts only")
+    reward_model = reward_model_path(args, args.methods)
+    tuning = dataclasses.replace(args, runs=os.path.join(args.runs, "tuning"))
+    torch.set_num_threads(1)
+    frontier = Frontier(tuning)
+    initial = initial_point(frontier, os.path.join(ROOT, tuning.runs))
+    for method in args.methods:
+        settings = {k: v for k, v in TUNING[method].items() if not args.settings or k in args.settings}
+        run_settings(frontier, initial, method, settings, [protocol.TUNING_SEED], tuning, reward_model, STOP_KL)
+
+
+def tuning_table(tuning_runs: str, method: str) -> list[dict]:
+    """A method's tuning runs in its grid's order: setting, validation gold at KL STOP_KL (None: not reached),
+    CPU minutes to it, the run's CPU minutes, its last point; missing runs left out."""
+    rows = []
+    for setting in TUNING[method]:
+        path = os.path.join(tuning_runs, method, f"{setting.replace(' ', '_')}__{protocol.TUNING_SEED}.json")
+        if os.path.exists(path):
+            r = read_json(path)
+            rows.append({"setting": setting, "gold": gold_at_kl(r["points"], STOP_KL),
+                         "cpu_at": cpu_at_kl(r, STOP_KL), "cpu_minutes": r["cpu_minutes"], "last": r["points"][-1]})
+    return rows
+
+
+def tuned_settings(tuning_runs: str, methods) -> dict[str, str]:
+    """Each method's setting by the protocol's rule, once its whole grid has run (else a clear error)."""
+    chosen = {}
+    for method in methods:
+        rows = tuning_table(tuning_runs, method)
+        if len(rows) < len(TUNING[method]):
+            raise SystemExit(f"error: --tuned: {len(rows)} of {method}'s {len(TUNING[method])} tuning runs are "
+                             "recorded; run `python experiments/rlhf_frontier.py tune` first")
+        chosen[method] = protocol.choose({r["setting"]: r["gold"] for r in rows},
+                                         {r["setting"]: r["cpu_at"] for r in rows},
+                                         {r["setting"]: r["last"]["gold"] for r in rows})
+    return chosen
 
 
 # --------------------------------------------------------------------------------------------------- report
@@ -397,17 +517,71 @@ def frontier_rows(records: list[dict]) -> list[dict]:
     return out
 
 
+def tuned_lines(tuning_runs: str, records: list[dict]) -> list[str]:
+    """The page's part on the tuning: each method's chosen setting on the test prompts (its test seeds), the
+    differences between them, and each grid's validation runs."""
+    methods = [m for m in TUNING if tuning_table(tuning_runs, m)]
+    if not methods:
+        return []
+    complete = [m for m in methods if len(tuning_table(tuning_runs, m)) == len(TUNING[m])]
+    chosen = tuned_settings(tuning_runs, complete)
+    lines = ["## After equal tuning", "",
+             f"Each method: its grid's {', '.join(f'{len(TUNING[m])}' for m in methods)} settings run once "
+             f"(seed {protocol.TUNING_SEED}) on {len(VALIDATION_PROMPTS)} validation prompts, each stopped at its "
+             f"first point at KL >= {STOP_KL:g}; chosen: the highest validation gold at KL {STOP_KL:g}, the cheapest "
+             f"(CPU minutes to it) within {protocol.TIE} of it (experiments/protocol.py); then its test seeds on the "
+             "held-out prompts. Gold at KL 3: mean over seeds, 95% t-interval; per point: the mean standard error "
+             "over prompts of one run's point.", "",
+             "| method | chosen setting | test seeds | gold at KL 3 | per-point SE | CPU minutes to KL 3 | tuning: runs, "
+             "CPU minutes |", "|---" * 7 + "|"]
+    tested = {}
+    for m in methods:
+        table = tuning_table(tuning_runs, m)
+        runs_cpu = f"{len(table)}/{len(TUNING[m])}, {sum(r['cpu_minutes'] for r in table):.1f}"
+        if m not in chosen:
+            lines.append(f"| {m} | (tuning runs missing) | - | - | - | - | {runs_cpu} |")
+            continue
+        seeds = [r for r in records if (r["method"], r["setting"]) == (m, chosen[m]) and r["seed"] != protocol.TUNING_SEED]
+        golds = [gold_at_kl(r["points"], 3.0) for r in seeds]
+        if not seeds or None in golds:
+            lines.append(f"| {m} | {chosen[m]} | {len(seeds)} run, " + ("not all reach KL 3" if seeds else "none yet")
+                         + f" | - | - | - | {runs_cpu} |")
+            continue
+        tested[m] = golds
+        mean, half, _ = mean_interval(golds)
+        se = np.mean([float(at_kl(r["points"], 3.0, "gold_se")) for r in seeds])
+        cpu = [cpu_at_kl(r, 3.0) for r in seeds]
+        lines.append(f"| {m} | {chosen[m]} | {', '.join(str(r['seed']) for r in seeds)} | {mean:.3f} ± {half:.3f} | "
+                     f"{se:.3f} | " + ("-" if None in cpu else f"{np.mean(cpu):.1f}") + f" | {runs_cpu} |")
+    if len(tested) > 1:
+        lines += ["", "Differences at KL 3 on the test prompts, 95% Welch intervals over seeds:", ""]
+        for a, b in itertools.combinations(tested, 2):
+            d, h = difference_interval(tested[a], tested[b])
+            lines.append(f"- {a} minus {b}: {d:+.3f} ± {h:.3f}" + ("" if abs(d) > h else " (inconclusive)"))
+    for m in methods:
+        lines += ["", f"{m}'s tuning runs (validation prompts):", "",
+                  f"| setting | gold at KL {STOP_KL:g} | CPU minutes to it | CPU minutes of the run | last point: KL, "
+                  "gold | chosen |", "|---" * 6 + "|"]
+        for r in tuning_table(tuning_runs, m):
+            gold = "not reached" if r["gold"] is None else f"{r['gold']:.3f}"
+            cpu = "-" if r["cpu_at"] is None else f"{r['cpu_at']:.1f}"
+            lines.append(f"| {r['setting']} | {gold} | {cpu} | {r['cpu_minutes']:.1f} | {r['last']['kl']:.2f}, "
+                         f"{r['last']['gold']:.3f} | {'yes' if chosen.get(m) == r['setting'] else ''} |")
+    return lines + [""]
+
+
 def report(args: Report) -> str:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     runs = os.path.join(ROOT, args.runs)
-    records = [read_json(p) for p in sorted(glob.glob(os.path.join(runs, "*", "*.json")))]
+    records = [read_json(p) for p in sorted(glob.glob(os.path.join(runs, "*", "*.json")))
+               if os.path.basename(os.path.dirname(p)) in [*METHODS, BEST_OF_N]]
     initial = read_json(os.path.join(runs, "initial.json"))
     rm_record = read_json(os.path.join(runs, "reward_model.json")) if os.path.exists(
         os.path.join(runs, "reward_model.json")) else None
-    lines = ["## The frontier", "",
+    lines = tuned_lines(os.path.join(runs, "tuning"), records) + ["## The frontier", "",
              f"Initial policy: gold {initial['gold']:.3f} ± {initial['gold_se']:.3f} (standard error over "
              f"{len(initial['gold_per_prompt'])} held-out prompts). Gold at each KL: the mean over seeds and its "
              "95% t-interval (best-of-n: over prompts); \"m/n\": only m of the n seeds reached that KL. CPU: "
@@ -491,8 +665,38 @@ def write_json(path: str, record: dict) -> None:
     os.replace(path + ".tmp", path)  # a record exists only whole: an interrupted run is redone
 
 
+# Validation openings of movie reviews, written for the tuning: none is a training prompt (ppo_rlhf_gpt2.PROMPTS,
+# the preference file's) or a test prompt (rlhf_overoptimization's 64); a test keeps them apart.
+VALIDATION_PROMPTS = [
+    "The poster for this film promised", "I caught the matinee on a Tuesday and", "The opening monologue",
+    "My uncle, who hates musicals,", "The car chase through the market", "This thriller set on an island",
+    "Ten minutes after the credits, I", "The producers of this sequel", "Among this year's comedies, this one",
+    "The first-time screenwriter", "This disaster movie", "The romance between the two strangers",
+    "Seeing it on the big screen again,", "The minor characters", "This film about a lighthouse keeper",
+    "The climactic duel", "The prologue in the desert", "My roommate insisted we watch this, and",
+    "The third entry in the franchise", "The audience at the premiere", "This silent film",
+    "The detective's partner", "Every review I had skimmed", "The scenes in the old mansion",
+    "Nothing in the trailer hinted that the film", "The retired boxer at the center of the plot",
+    "This story of first love", "The subtitles on my copy", "My film class watched this because",
+    "The train journey that frames the story", "This documentary about a jazz drummer",
+    "The hospital scenes near the end", "Just before the intermission,", "The wigs in this costume drama",
+    "The writer's own small role", "This zombie picture from the seventies", "The orchestral score",
+    "My ten-year-old nephew said the film", "The robot sidekick", "The long silences between the sisters",
+    "This caper about a stolen painting", "The corporate intrigue", "Two and a half hours later, this film",
+    "The cartoon that played before it", "The last image of the harbor", "This western set in the desert",
+    "The star's attempt at a new accent", "The prequel that explains nothing", "The gags in the opening scene",
+    "This film about a family vineyard", "The underwater sequences", "When the film ended, the theater",
+    "The antagonist's backstory", "This adaptation of a stage play", "The rivalry between the brothers",
+    "The tempo of the final act", "This biopic of a singer", "The cat in this film", "The scenes on the moon",
+    "Watching this on a small laptop,", "This film about two rival florists", "The memories of the summer camp",
+    "The plot twist in the second hour", "The first time the heroine sings,",
+]
+
+
+
 if __name__ == "__main__":
     sub = tyro.conf.subcommand
-    args = tyro.cli(Union[Annotated[RewardModel, sub("reward-model")], Annotated[Run, sub("run")],
-                          Annotated[Report, sub("report")]])
-    {RewardModel: run_reward_model, Run: run, Report: lambda a: print(report(a))}[type(args)](args)
+    args = tyro.cli(Union[Annotated[RewardModel, sub("reward-model")], Annotated[Tune, sub("tune")],
+                          Annotated[Run, sub("run")], Annotated[Report, sub("report")]])
+    {RewardModel: run_reward_model, Tune: tune, Run: run, Report: lambda a: print(report(a))}[type(args)](args)
+

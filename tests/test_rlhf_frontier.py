@@ -237,3 +237,85 @@ def test_bad_input_fails_in_one_line_before_any_model_loads(tmp_path, monkeypatc
         F.run(F.Run(preferences=str(prefs), runs=str(tmp_path), methods=["ppo"]))
     with pytest.raises(SystemExit, match="--methods sft"):
         F.run(F.Run(preferences=str(prefs), runs=str(tmp_path), methods=["sft"]))
+
+
+def test_the_protocol_s_rule_by_hand():
+    P = F.protocol
+    scores = {"a": 0.40, "b": 0.45, "c": 0.442, "d": None, "e": 0.30}
+    costs = {"a": 1.0, "b": 9.0, "c": 5.0, "d": 0.1, "e": 0.5}
+    assert P.choose(scores, costs) == "c"  # within 0.01 of b's 0.45 and cheaper; d has no score, e is far below
+    assert P.choose(scores, {**costs, "c": 9.5}) == "b"
+    assert P.choose({**scores, "c": 0.439}, costs) == "b"  # 0.011 below: not a tie
+    assert P.choose({"a": 0.5, "b": 0.5}, {"a": 2.0, "b": 2.0}) == "a"  # equal cost: the grid's order
+    assert P.choose({"a": 0.5, "b": 0.5}, {"a": None, "b": 3.0}) == "b"  # a known cost before an unknown one
+    # no run reached the point the score is read at: the best fallback
+    assert P.choose({"a": None, "b": None}, {"a": 1.0, "b": 2.0}, {"a": 0.2, "b": 0.3}) == "b"
+    with pytest.raises(ValueError):
+        P.choose({"a": None}, {"a": 1.0})
+    assert P.grid(lambda x, y: f"--x {x} --y {y}", x=("1", "2"), y=("a", "b")) == {
+        "x 1 y a": "--x 1 --y a", "x 1 y b": "--x 1 --y b", "x 2 y a": "--x 2 --y a", "x 2 y b": "--x 2 --y b"}
+
+
+def test_the_grids_meet_the_protocol_and_the_three_prompt_sets_are_disjoint():
+    import rlhf_overoptimization as overopt
+
+    assert set(F.TUNING) == {"dpo", "ppo", "grpo"}
+    assert {len(g) for g in F.TUNING.values()} == {F.protocol.MIN_RUNS}  # the same budget for every method
+    for method, settings in F.TUNING.items():  # each flag string parses as its script's arguments
+        for flags in settings.values():
+            args, _ = F.script_args(F.METHODS[method][0], flags.format(rm="vader", prefs="p.jsonl"), 1,
+                                    F.Common(), "/tmp/unused")
+            assert args.learning_rate > 0
+    validation, test = set(F.VALIDATION_PROMPTS), set(overopt.load_eval_prompts(None, 64))
+    assert len(validation) == len(F.VALIDATION_PROMPTS) == 64 and len(test) == 64
+    assert not validation & test and not validation & set(F.rlhf.PROMPTS) and not test & set(F.rlhf.PROMPTS)
+    assert F.protocol.TUNING_SEED not in F.protocol.TEST_SEEDS
+
+
+def test_tuning_runs_stop_at_the_kl_and_the_tuned_run_takes_the_rule_s_choice(tiny_frontier, monkeypatch):
+    """Two PPO settings tuned on the validation prompts, their KLs scripted: one never reaches KL 3 (a whole
+    run), one passes it at its third point (stopped there); the rule picks the second, which `run --tuned`
+    runs in full on the test prompts; the report shows both."""
+    common, runs = tiny_frontier["common"], Path(tiny_frontier["common"]["runs"])
+    rl = ("--total-episodes 48 --batch-size 8 --num-minibatches 2 --update-epochs 1 --eval-every 2 "
+          "--response-length 8 --min-response-length 4 --local-rollout-forward-batch-size 8 --kl-target None "
+          "--reward-model {rm} --norm-batches 1")
+    monkeypatch.setattr(F, "TUNING", {"ppo": {"lr 1e-3": f"--learning-rate 1e-3 {rl}",
+                                              "lr 2e-3": f"--learning-rate 2e-3 {rl}"}})
+    scripted = iter([1.0, 2.0, 2.5, 1.0, 4.0])  # lr 1e-3 at steps 2, 4, 6; lr 2e-3 at 2, 4 (then stopped)
+    seen = []
+    real_point = F.Frontier.point
+
+    def point(self, policy):
+        p = real_point(self, policy)
+        seen.append(list(self.prompts))
+        return p if policy is self.reference or not self.common.split == "validation" else {**p, "kl": next(scripted)}
+
+    monkeypatch.setattr(F.Frontier, "point", point)
+    F.tune(F.Tune(preferences=tiny_frontier["prefs"], methods=["ppo"], **common))
+    assert all(s == F.VALIDATION_PROMPTS[:3] for s in seen) and len(seen) == 6  # the initial point and five
+    slow = json.loads((runs / "tuning" / "ppo" / f"lr_1e-3__{F.protocol.TUNING_SEED}.json").read_text())
+    fast = json.loads((runs / "tuning" / "ppo" / f"lr_2e-3__{F.protocol.TUNING_SEED}.json").read_text())
+    assert [p["step"] for p in slow["points"]] == [0, 2, 4, 6] and slow["stopped"] is False
+    assert [p["step"] for p in fast["points"]] == [0, 2, 4] and fast["stopped"] is True
+    assert [p["kl"] for p in fast["points"]] == [0.0, 1.0, 4.0] and "--seed 100" in fast["command"]
+    assert F.tuned_settings(str(runs / "tuning"), ["ppo"]) == {"ppo": "lr 2e-3"}
+    # the chosen setting, full length, at a test seed, on the test prompts
+    seen.clear()
+    F.run(F.Run(preferences=tiny_frontier["prefs"], methods=["ppo"], seeds=[4], tuned=True, **common))
+    test_prompts = F.overopt.load_eval_prompts(None, 3)
+    assert seen and all(s == test_prompts for s in seen)
+    record = json.loads((runs / "ppo" / "lr_2e-3__4.json").read_text())
+    assert [p["step"] for p in record["points"]] == [0, 2, 4, 6] and "--learning-rate 2e-3" in record["command"]
+    assert not (runs / "ppo" / "lr_1e-3__4.json").exists() and "stopped" not in record
+    text = F.report(F.Report(runs=common["runs"], out=str(tiny_frontier["tmp"] / "page")))
+    assert "| ppo | lr 2e-3 | 4 |" in text  # the tuned row (one seed: no interval)
+    assert "| lr 1e-3 | not reached | - |" in text and "| lr 2e-3 | " in text.split("ppo's tuning runs")[1]
+
+
+def test_a_tuned_run_waits_for_the_whole_grid(tiny_frontier, monkeypatch):
+    monkeypatch.setattr(F, "TUNING", {"ppo": {"a": "--learning-rate 1e-3", "b": "--learning-rate 2e-3"}})
+    monkeypatch.setattr(F, "Frontier", lambda *a: pytest.fail("a model was loaded"))
+    with pytest.raises(SystemExit, match="0 of ppo's 2 tuning runs"):
+        F.run(F.Run(preferences=tiny_frontier["prefs"], methods=["ppo"], seeds=[4], tuned=True,
+                    **tiny_frontier["common"]))
