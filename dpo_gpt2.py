@@ -74,7 +74,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 import tyro
 from torch.utils.tensorboard import SummaryWriter
-from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification,
+                          AutoTokenizer)
 
 
 @dataclass
@@ -259,11 +260,10 @@ def main(args: Args) -> dict:
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     torch.set_num_threads(args.num_threads)
-    if args.cuda and not torch.cuda.is_available():
-        print("--cuda: no GPU available, running on the CPU")
     device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
     run_dir = os.path.join(args.runs_dir, f"{args.exp_name}__{args.seed}__{int(time.time())}")
     tokenizer, stop_token_id = load_tokenizer(args.model_name, args.stop_token, args.append_eos)
+    check_max_length(args.model_name, tokenizer, texts_of(comparisons, "")[0], args)
     split_seed = args.seed if args.split_seed is None else args.split_seed
     train_indices, eval_indices = split_comparisons([c["prompt"] for c in comparisons], args.eval_fraction,
                                                     split_seed)  # detail 39
@@ -525,8 +525,10 @@ def check_args(args: Args) -> None:
 
 
 def check_split(prompts: list[str], args: Args) -> None:
-    """Stop if the split by prompt leaves no training prompt, or fewer training comparisons than a batch."""
-    train, _ = split_comparisons(prompts, args.eval_fraction, args.seed)
+    """Stop if the split by prompt (the one main makes, with --split-seed) leaves no training prompt, or fewer
+    training comparisons than a batch."""
+    split_seed = args.seed if args.split_seed is None else args.split_seed
+    train, _ = split_comparisons(prompts, args.eval_fraction, split_seed)
     if not train:
         raise SystemExit(f"error: --eval-fraction {args.eval_fraction} holds out all {len(set(prompts))} "
                          f"distinct prompts: the split is by prompt; lower it or use more prompts")
@@ -551,9 +553,13 @@ def write_held_out_scores(indices: list[int], margins: list[float], run_dir: str
 def read_preferences(path: str, args: Args) -> list[dict]:
     """The comparisons of a JSONL file, or a one-line error that names the line."""
     comparisons = []
-    with open(path) as f:
-        for number, line in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
             where = f"error: --preferences {path}: line {number}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise SystemExit(f"{where} is not UTF-8 text: save the file as UTF-8")
             if not line.strip():
                 raise SystemExit(f"{where} is empty: write one JSON object per line, with no blank lines")
             try:
@@ -617,6 +623,21 @@ def load_tokenizer(model_name: str, stop_token: str, append_eos: bool = False):
             return tokenizer, ids[-1]
     raise SystemExit(f"error: --stop-token {stop_token!r} is not a single token inside text for this "
                      f"tokenizer; pass `eos` or a single token, such as `.`")
+
+
+def check_max_length(model_name: str, tokenizer, texts: list[str], args: Args) -> None:
+    """--max-length must fit the model's positions; texts longer than it lose their first tokens: how many is
+    said."""
+    config = from_pretrained(AutoConfig, model_name, "--model-name")
+    positions = getattr(config, "max_position_embeddings", None)
+    if positions is not None and args.max_length > positions:
+        raise SystemExit(f"error: --max-length {args.max_length} is more than the {positions} positions of "
+                         f"--model-name {model_name}; pass at most {positions}")
+    lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]] if texts else []
+    cut = sum(n > args.max_length for n in lengths)
+    if cut:
+        print(f"{cut} of {len(texts)} texts are longer than --max-length {args.max_length} tokens: they lose "
+              "their first tokens")
 
 
 def load_policy(model_name: str, device: torch.device) -> nn.Module:

@@ -323,8 +323,6 @@ def main(args: Args) -> dict:
     torch.manual_seed(args.seed + args.rank)  # torchrun: each process samples its own responses
     torch.backends.cudnn.deterministic = args.torch_deterministic
     torch.set_num_threads(args.num_threads)
-    if args.cuda and not torch.cuda.is_available():
-        print("--cuda: no GPU available, running on the CPU")
     device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
     if args.eval_checkpoint is not None:
         return evaluate_checkpoint(args, device)

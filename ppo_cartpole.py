@@ -227,8 +227,6 @@ def main(args: Args) -> dict:
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
-    if args.cuda and not torch.cuda.is_available():
-        print("--cuda: no GPU available, running on the CPU")
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     if args.eval_checkpoint is not None:
         return evaluate_checkpoint(args, device)

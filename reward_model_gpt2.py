@@ -18,6 +18,7 @@ InstructGPT (arXiv:2203.02155); Huang et al. 2024, "The N+ Implementation Detail
 
 Usage:
     python reward_model_gpt2.py --model-name ./my-lm --gold vader --num-comparisons 2000 --save-model
+    python reward_model_gpt2.py --model-name ./my-lm --gold vader --preferences-only   # the file, no model
     python reward_model_gpt2.py --model-name ./my-lm --preferences my_comparisons.jsonl --save-model
     python ppo_rlhf_gpt2.py --model-name ./my-lm --reward-model runs/<run>/model   # RLHF on it
     tensorboard --logdir runs   # losses/reward_loss, charts/accuracy, eval/accuracy, eval/gold_accuracy, ...
@@ -71,7 +72,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 import tyro
 from torch.utils.tensorboard import SummaryWriter
-from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification,
+                          AutoTokenizer)
 
 
 @dataclass
@@ -92,6 +94,7 @@ class Args:
     gold_label: int = 1  # --gold FOLDER: the classifier's logit used as the gold score (one label: it)
     num_comparisons: int = 2000  # --gold: comparisons written (two responses sampled per prompt)
     prompts_file: str | None = None  # --gold: one prompt per line (default: ppo_rlhf_gpt2.py's prompts)
+    preferences_only: bool = False  # --gold: write <run dir>/preferences.jsonl and stop (no reward model)
     eval_fraction: float = 0.1  # share of the distinct prompts held out with all their comparisons (seeded)
 
     # model and sampling (the sampling of ppo_rlhf_gpt2.py)
@@ -268,12 +271,11 @@ def main(args: Args) -> dict:
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     torch.set_num_threads(args.num_threads)
-    if args.cuda and not torch.cuda.is_available():
-        print("--cuda: no GPU available, running on the CPU")
     device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
     run_dir = os.path.join(args.runs_dir, f"{args.exp_name}__{args.seed}__{int(time.time())}")
     tokenizer, stop_token_id = load_tokenizer(args.model_name, args.stop_token)
     check_end_token(tokenizer, args)
+    check_max_length(args.model_name, tokenizer, texts_of(comparisons, args)[0] if comparisons else [], args)
     end_token = end_token_of(tokenizer, args)  # detail 36: appended to every text scored
 
     # 2. preferences: with --gold, sample and label them, and write the file before training on it
@@ -285,6 +287,8 @@ def main(args: Args) -> dict:
         sampled = sample_comparisons(policy, prompts, tokenizer, stop_token_id, gold_fn, args, device)
         del policy, gold_fn
         preferences = write_preferences(sampled, os.path.join(run_dir, "preferences.jsonl"))
+        if args.preferences_only:
+            return {"run_dir": run_dir, "preferences": preferences}
         comparisons = read_preferences(preferences, args)
     train_indices, eval_indices = split_comparisons([c["prompt"] for c in comparisons], args.eval_fraction,
                                                     args.seed)  # detail 39
@@ -466,6 +470,10 @@ def cross_validated_l2(chosen_features: torch.Tensor, rejected_features: torch.T
     if len(l2s) == 1:
         return l2s[0], {}
     distinct = sorted(set(prompts), key=lambda p: (random.Random(f"{seed} fold {p}").random(), p))
+    if len(distinct) < folds:  # fewer prompts than folds: one prompt a fold (leave one prompt out)
+        print(f"--probe-folds {folds}: {len(distinct)} training prompts, so {len(distinct)} folds of one "
+              "prompt each")
+        folds = len(distinct)
     fold_of = {p: i % folds for i, p in enumerate(distinct)}
     fold = torch.tensor([fold_of[p] for p in prompts])
     differences, accuracies = chosen_features.double() - rejected_features.double(), {}
@@ -515,8 +523,9 @@ def check_args(args: Args) -> None:
                              "length, or a classifier folder) to sample and label them")
         if not os.path.isfile(args.preferences):
             raise SystemExit(f"error: --preferences {args.preferences}: no such file")
-        if args.prompts_file is not None:
-            raise SystemExit("error: --prompts-file: only --gold samples responses to prompts; add --gold")
+        if args.prompts_file is not None or args.preferences_only:
+            flag = "--prompts-file" if args.prompts_file is not None else "--preferences-only"
+            raise SystemExit(f"error: {flag}: only --gold samples responses to prompts; add --gold")
         return
     if args.preferences is not None:
         raise SystemExit(f"error: --preferences {args.preferences}: --gold writes its own comparisons to "
@@ -531,7 +540,8 @@ def check_args(args: Args) -> None:
 
 
 def check_split(prompts: list[str], num_comparisons: int, args: Args) -> None:
-    """Stop if the split by prompt leaves no training prompt, fewer than the probe's folds (detail 45), or
+    """Stop if the split by prompt leaves no training prompt, fewer than two to cross-validate the probe on
+    (detail 45; fewer than --probe-folds make one fold each), or
     fewer training comparisons than a batch: the comparisons of a file (num_comparisons = len(prompts)), or
     with --gold about as many as expected from num_comparisons drawn from these prompts."""
     train, _ = split_comparisons(prompts, args.eval_fraction, args.seed)
@@ -539,9 +549,9 @@ def check_split(prompts: list[str], num_comparisons: int, args: Args) -> None:
         raise SystemExit(f"error: --eval-fraction {args.eval_fraction} holds out all {len(set(prompts))} "
                          f"distinct prompts: the split is by prompt; lower it or use more prompts")
     num_train_prompts = len({prompts[i] for i in train})
-    if args.probe and len(args.probe_l2) > 1 and num_train_prompts < args.probe_folds:
-        raise SystemExit(f"error: --probe-folds {args.probe_folds} is more than the {num_train_prompts} "
-                         f"training prompts; lower it, or pass one --probe-l2 (no cross-validation)")
+    if args.probe and len(args.probe_l2) > 1 and num_train_prompts < 2:
+        raise SystemExit(f"error: --probe-l2: {len(args.probe_l2)} values cannot be cross-validated on "
+                         f"{num_train_prompts} training prompt; pass one --probe-l2, or use more prompts")
     num_train = round(len(train) * num_comparisons / len(prompts))
     about = "" if num_comparisons == len(prompts) else "about "
     if num_train < args.batch_size:
@@ -575,9 +585,13 @@ def write_held_out_scores(indices: list[int], margins: list[float], run_dir: str
 def read_preferences(path: str, args: Args) -> list[dict]:
     """The comparisons of a JSONL file, or a one-line error that names the line."""
     comparisons = []
-    with open(path) as f:
-        for number, line in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
             where = f"error: --preferences {path}: line {number}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise SystemExit(f"{where} is not UTF-8 text: save the file as UTF-8")
             if not line.strip():
                 raise SystemExit(f"{where} is empty: write one JSON object per line, with no blank lines")
             try:
@@ -652,6 +666,21 @@ def load_tokenizer(model_name: str, stop_token: str):
             return tokenizer, ids[-1]
     raise SystemExit(f"error: --stop-token {stop_token!r} is not a single token inside text for this "
                      f"tokenizer; pass `eos` or a single token, such as `.`")
+
+
+def check_max_length(model_name: str, tokenizer, texts: list[str], args: Args) -> None:
+    """--max-length must fit the model's positions; texts longer than it lose their first tokens: how many is
+    said."""
+    config = from_pretrained(AutoConfig, model_name, "--model-name")
+    positions = getattr(config, "max_position_embeddings", None)
+    if positions is not None and args.max_length > positions:
+        raise SystemExit(f"error: --max-length {args.max_length} is more than the {positions} positions of "
+                         f"--model-name {model_name}; pass at most {positions}")
+    lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]] if texts else []
+    cut = sum(n > args.max_length for n in lengths)
+    if cut:
+        print(f"{cut} of {len(texts)} texts are longer than --max-length {args.max_length} tokens: they lose "
+              "their first tokens")
 
 
 def load_policy(model_name: str, device: torch.device) -> nn.Module:

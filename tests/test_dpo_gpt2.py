@@ -405,6 +405,8 @@ BAD_FILES = {
     "no_lines": ("", "contains no comparisons"),
     "too_few": ("".join(f'{{"prompt": "{p}", "chosen": " b", "rejected": " c"}}\n' for p in "abcd"),
                 "--batch-size 4 is larger than the 3 training comparisons"),  # 1 of 4 prompts held out
+    "latin1": ('{"prompt": "a", "chosen": " b", "rejected": " c"}\n{"prompt": "caf\xe9", "chosen": " b", '
+               '"rejected": " c"}\n', "line 2 is not UTF-8 text"),
 }
 
 
@@ -426,7 +428,7 @@ BAD_FILES = {
 ])
 def test_bad_input_fails_in_one_line_before_any_model_loads(tiny, tmp_path, monkeypatch, overrides, message):
     for name, (text, _) in BAD_FILES.items():
-        (tmp_path / name).write_text(text)
+        (tmp_path / name).write_bytes(text.encode("latin-1" if name == "latin1" else "utf-8"))
     if overrides.get("preferences") in BAD_FILES:
         overrides["preferences"] = str(tmp_path / overrides["preferences"])
 
@@ -438,6 +440,37 @@ def test_bad_input_fails_in_one_line_before_any_model_loads(tiny, tmp_path, monk
         dpo.main(tiny_args(tiny, tmp_path, **overrides))
     assert "\n" not in str(error.value)
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_batch_check_reads_the_split_main_makes(tiny, tmp_path):
+    """--split-seed, not --seed, makes the split main trains on; the check must read the same one. Prompt a has
+    ten comparisons, b, c and d one each; a quarter of the prompts (one) is held out: with seed 1 that is a prompt
+    with one comparison (12 train), with split seed 3 it is a (3 train): a batch of 8 must be refused."""
+    path = tmp_path / "skewed.jsonl"
+    path.write_text("".join(f'{{"prompt": "{p}", "chosen": " b{i}", "rejected": " c{i}"}}\n'
+                            for p, n in (("a", 10), ("b", 1), ("c", 1), ("d", 1)) for i in range(n)))
+    prompts = [json.loads(line)["prompt"] for line in path.read_text().splitlines()]
+    assert len(dpo.split_comparisons(prompts, 0.25, 1)[0]) == 12 and len(dpo.split_comparisons(prompts, 0.25, 3)[0]) == 3
+    args = tiny_args(tiny, tmp_path, preferences=str(path), eval_fraction=0.25, seed=1, batch_size=8,
+                     gradient_accumulation_steps=1)
+    dpo.read_preferences(args.preferences, args)  # the split of seed 1: 12 training comparisons
+    args.split_seed = 3
+    with pytest.raises(SystemExit, match="^error: --batch-size 8 is larger than the 3 training comparisons"):
+        dpo.read_preferences(args.preferences, args)
+
+
+def test_max_length_beyond_the_model_s_positions_fails_and_cut_texts_are_counted(tiny, tmp_path, capsys):
+    with pytest.raises(SystemExit, match="^error: --max-length 129 is more than the 128 positions of --model-name"):
+        dpo.main(tiny_args(tiny, tmp_path, max_length=129))
+    assert not (tmp_path / "runs").exists()
+    args = tiny_args(tiny, tmp_path, max_length=6)
+    tokenizer, _ = dpo.load_tokenizer(args.model_name, args.stop_token)
+    texts = ["This movie was great.", "ok", "This movie was a long, long, long film."]
+    lengths = [len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
+    dpo.check_max_length(args.model_name, tokenizer, texts, args)
+    cut = sum(n > 6 for n in lengths)
+    assert 0 < cut < 3 and capsys.readouterr().out == (
+        f"{cut} of 3 texts are longer than --max-length 6 tokens: they lose their first tokens\n")
 
 
 def test_no_preference_file_and_unloadable_models_name_the_flag(tiny, tmp_path):

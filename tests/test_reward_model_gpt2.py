@@ -997,8 +997,10 @@ BAD_FILES = {
     "no_lines": ("", "contains no comparisons"),
     "too_few": ("".join(f'{{"prompt": "{p}", "chosen": " b", "rejected": " c"}}\n' for p in "abcdefgh"),
                 "--batch-size 8 is larger than the 6 training comparisons"),  # 2 of 8 prompts held out
-    "few_prompts": ("".join(f'{{"prompt": "{p}", "chosen": " b", "rejected": " c"}}\n' * 3 for p in "abcd"),
-                    "--probe-folds 5 is more than the 3 training prompts"),  # 1 of 4 held out, 9 comparisons
+    "two_prompts": ("".join(f'{{"prompt": "{p}", "chosen": " b", "rejected": " c"}}\n' * 20 for p in "ab"),
+                    "--probe-l2: 5 values cannot be cross-validated on 1 training prompt"),  # 1 of 2 held out
+    "latin1": ('{"prompt": "a", "chosen": " b", "rejected": " c"}\n{"prompt": "caf\xe9", "chosen": " b", '
+               '"rejected": " c"}\n', "line 2 is not UTF-8 text"),
     "one_prompt": ('{"prompt": "a", "chosen": " b", "rejected": " c"}\n' * 9,
                    "--eval-fraction 0.25 holds out all 1 distinct prompts"),
 }
@@ -1027,7 +1029,6 @@ BAD_FILES = {
     (dict(probe_l2=(float("nan"),)), "--probe-l2 must be one or more numbers, each at least 0"),
     (dict(probe_l2=()), "--probe-l2 must be one or more numbers"),
     (dict(probe_folds=1), "--probe-folds must be at least 2"),
-    (dict(probe_folds=60), "--probe-folds 60 is more than the 54 training prompts"),  # 18 of 72 held out
     (dict(num_comparisons=0), "--num-comparisons"),
     (dict(num_epochs=0), "--num-epochs"),
     (dict(temperature=0.0), "--temperature"),
@@ -1039,7 +1040,7 @@ BAD_FILES = {
 ])
 def test_bad_input_fails_before_any_model_loads(tiny, tmp_path, monkeypatch, overrides, message):
     for name, (text, _) in BAD_FILES.items():
-        (tmp_path / name).write_text(text)
+        (tmp_path / name).write_bytes(text.encode("latin-1" if name == "latin1" else "utf-8"))
     if overrides.get("preferences") in BAD_FILES:
         overrides["preferences"] = str(tmp_path / overrides["preferences"])
 
@@ -1053,19 +1054,28 @@ def test_bad_input_fails_before_any_model_loads(tiny, tmp_path, monkeypatch, ove
     assert not (tmp_path / "runs").exists()
 
 
-def test_the_folds_need_enough_training_prompts_only_when_they_choose_the_l2(tiny, tmp_path):
-    """--probe-folds counts only where several --probe-l2 are cross-validated (detail 45): with one L2, or
-    without the probe, a split with fewer training prompts than folds passes the checks."""
+def test_fewer_training_prompts_than_folds_make_one_fold_each_and_say_so(tiny, tmp_path, capsys):
+    """Four prompts, one held out: the default 5 folds become 3 of one prompt each (leave one prompt out), said
+    in one line, and the L2 chosen is the one leave-one-prompt-out fits by hand rank best."""
     few = tmp_path / "few.jsonl"
-    few.write_text(BAD_FILES["few_prompts"][0])
-    for overrides in (dict(probe_l2=(0.1,)), dict(probe=False), dict()):
-        args = tiny_args(tiny, tmp_path, gold=None, preferences=str(few), **overrides)
-        rm.check_args(args)
-        if overrides:
-            rm.read_preferences(args.preferences, args)  # its split is checked here
-        else:
-            with pytest.raises(SystemExit, match="--probe-folds 5 is more than the 3 training prompts"):
-                rm.read_preferences(args.preferences, args)
+    few.write_text("".join(f'{{"prompt": "{p}", "chosen": " b{i}", "rejected": " c{i}"}}\n'
+                           for p in "abcd" for i in range(3)))
+    args = tiny_args(tiny, tmp_path, gold=None, preferences=str(few))
+    rm.check_args(args)
+    rm.read_preferences(args.preferences, args)  # no error: the split is checked here
+    torch.manual_seed(0)
+    chosen, rejected = torch.randn(9, 4), torch.randn(9, 4)
+    prompts = [p for p in "abc" for _ in range(3)]
+    l2, accuracies = rm.cross_validated_l2(chosen, rejected, prompts, (1e-3, 10.0), 5, seed=1)
+    assert capsys.readouterr().out.strip() == "--probe-folds 5: 3 training prompts, so 3 folds of one prompt each"
+    for value in (1e-3, 10.0):  # leave one prompt out, by hand
+        right = 0
+        for p in "abc":
+            held = torch.tensor([q == p for q in prompts])
+            w = rm.fit_probe(chosen[~held], rejected[~held], value)
+            right += int(((chosen[held] - rejected[held]).double() @ w > 0).sum())
+        assert accuracies[value] == pytest.approx(right / 9)
+    assert l2 == max((1e-3, 10.0), key=accuracies.__getitem__)
 
 
 def test_unloadable_models_and_bad_labels_fail_with_the_flag(tiny, tmp_path):
@@ -1254,3 +1264,14 @@ def test_a_gold_folder_saved_before_a_config_key_existed_is_read_as_it_was_writt
                 assert abs(c[f"gold_{key}"] - mean.item() - 0.5) > 1e-4
                 checked += 1
     assert checked >= 16
+
+
+def test_preferences_only_writes_the_file_of_a_full_run_and_stops(tiny, tmp_path, monkeypatch):
+    """--preferences-only: the same comparisons a full run samples first, then no reward model (none loaded)."""
+    full = rm.main(tiny_args(tiny, tmp_path / "full", num_epochs=1))
+    monkeypatch.setattr(rm, "load_reward_model", lambda *a: pytest.fail("a reward model was loaded"))
+    only = rm.main(tiny_args(tiny, tmp_path / "only", preferences_only=True))
+    assert read_lines(only["preferences"]) == read_lines(os.path.join(full["run_dir"], "preferences.jsonl"))
+    assert len(read_lines(only["preferences"])) == 32 and "model_path" not in only
+    with pytest.raises(SystemExit, match="^error: --preferences-only: only --gold samples"):
+        rm.main(tiny_args(tiny, tmp_path, gold=None, preferences=only["preferences"], preferences_only=True))
