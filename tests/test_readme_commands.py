@@ -93,12 +93,14 @@ def script_calls(command: str):
             return [(c[1], c[2:]) for c in (harness.command_of(m, 1, "runs", harness.TUNING_COMMON, harness.TUNING)
                                              for m in harness.TUNING)], None
         return [(c[1], c[2:]) for c in (harness.command_of(m, 1, "runs") for m in harness.METHODS)], None
-    if program == "experiments/rlhf_frontier.py" and flags[0] in ("run", "reward-model"):
+    if program == "experiments/rlhf_frontier.py" and flags[0] in ("run", "reward-model", "tune"):
         harness = load_experiment("rlhf_frontier")
         if flags[0] == "reward-model":
             return [("reward_model_gpt2.py", shlex.split(f"--preferences prefs {harness.RewardModel.rm_flags}"))], None
-        return [(os.path.basename(module.__file__), shlex.split(command.format(rm="rm", prefs="prefs")))
-                for module, settings in harness.METHODS.values() for command in settings.values()], None
+        grids = (harness.TUNING if flags[0] == "tune" or "--tuned" in flags else
+                 {method: settings for method, (_, settings) in harness.METHODS.items()})
+        return [(os.path.basename(harness.METHODS[method][0].__file__), shlex.split(c.format(rm="rm", prefs="prefs")))
+                for method, settings in grids.items() for c in settings.values()], None
     tool = " ".join(words[1:3]) if words[1] in ("-m", "-c") or program.startswith("experiments/") else program
     return [], next((t for t in TOOLS if tool.startswith(t) or words[1] == t), tool)
 
@@ -229,7 +231,9 @@ def test_documented_command_runs(call, where, stand_ins, tmp_path):
     module, args = tiny_args(script, list(flags), stand_ins, tmp_path / "runs")
     result = module.main(args)
     assert isinstance(result, dict), where
-    if "run_dir" in result:  # a training run: its TensorBoard log is written
+    if getattr(args, "preferences_only", False):  # the gold-labeled file, and nothing trained
+        assert os.path.getsize(result["preferences"]) > 0, where
+    elif "run_dir" in result:  # a training run: its TensorBoard log is written
         assert glob.glob(os.path.join(result["run_dir"], "events.out.tfevents.*")), where
     else:  # --eval-checkpoint: the saved policy was scored
         assert result["eval"]["final"]["raw_scores"], where
