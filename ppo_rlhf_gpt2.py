@@ -96,6 +96,7 @@ class Args:
     eval_episodes: int = 256  # held-out responses scoring the initial and final policy (0: no evaluation)
     eval_checkpoint: str | None = None  # a --save-model folder: only score it on the held-out prompts
     eval_every: int = 0  # also score the held-out prompts every this many iterations (0: before and after)
+    eval_split: Literal["held_out", "validation"] = "held_out"  # validation: training problems set aside
     eval_greedy: bool = False  # also score greedy decoding (the most likely token at every step)
 
     # models and task
@@ -676,11 +677,12 @@ def evaluate(policy, eval_prompts, tokenizer, stop_token_id: int, reward_fn, arg
 def print_held_out_summary(eval_stats: dict, args: Args) -> None:
     """The held-out evaluations of the initial and the final policy, in a few printed lines."""
     initial, final = eval_stats["initial"]["raw_score_mean"], eval_stats["final"]["raw_score_mean"]
-    print(f"held-out prompts: raw score {initial:.3f} -> {final:.3f} "
+    split = "held-out" if args.eval_split == "held_out" else "validation"
+    print(f"{split} prompts: raw score {initial:.3f} -> {final:.3f} "
           f"({eval_stats['normalized_score_change']:+.3f} in normalized units)")
     for mode in (["", "_greedy"] if args.eval_greedy else [""]) if "accuracy" in eval_stats["final"] else []:
         before, after = eval_stats["initial" + mode], eval_stats["final" + mode]
-        print(f"held-out accuracy{mode.replace('_', ', ')}: {before['accuracy']:.1%} +- "
+        print(f"{split} accuracy{mode.replace('_', ', ')}: {before['accuracy']:.1%} +- "
               f"{before['accuracy_stderr']:.1%} -> {after['accuracy']:.1%} +- {after['accuracy_stderr']:.1%} "
               f"(standard error over {after['prompts']} problems)")
 
@@ -722,6 +724,7 @@ def check_args(args: Args) -> None:
     require(("vf_learning_rate",), lambda v: v is None or v > 0, "positive or None")
     require(("gamma", "gae_lambda"), lambda v: 0 < v <= 1, "in (0, 1]")
     require(("kl_estimator",), lambda v: v in ("k1", "k3"), "k1 or k3")
+    require(("eval_split",), lambda v: v in ("held_out", "validation"), "held_out or validation")
     if not 0 <= args.min_response_length < args.response_length:
         raise SystemExit(f"error: --min-response-length {args.min_response_length} must be at least 0 and "
                          f"smaller than --response-length {args.response_length}")
@@ -995,28 +998,43 @@ def use_saved_sampling(args: Args) -> None:
                 setattr(args, name, value)
 
 
-def arithmetic_problems(digits: int, held_out: bool) -> list[str]:
+def arithmetic_problems(digits: int, held_out: bool, validation: bool = False) -> list[str]:
     """The prompts of --reward-model arithmetic: every sum of two numbers of `digits` digits, split once by a
-    fixed seed (whatever --seed) into training and held-out problems; a + b and b + a on the same side."""
+    fixed seed (whatever --seed) into training and held-out problems; a + b and b + a on the same side. An
+    eighth of the training pairs (fixed too) is the validation split: validation=True gives it,
+    held_out=False with validation=False the training problems including it."""
     numbers = range(0 if digits == 1 else 10 ** (digits - 1), 10**digits)
     pairs = [(a, b) for a in numbers for b in numbers if a <= b]
     random.Random(0).shuffle(pairs)
     pairs = pairs[: len(pairs) // 4] if held_out else pairs[len(pairs) // 4 :]
+    if validation:
+        pairs = pairs[: max(1, len(pairs) // 8)]
     return [f"What is {a} + {b}? The answer is" for x, y in pairs for a, b in dict.fromkeys([(x, y), (y, x)])]
 
 
 def load_prompts(args: Args) -> tuple[list[str], list[str]]:
-    """The training prompts and the held-out ones."""
+    """The training prompts and the evaluated ones: the held-out ones, or (--eval-split validation) a fixed
+    slice of the training ones, then left out of training."""
     if args.reward_model == "arithmetic":
-        return (arithmetic_problems(args.arithmetic_digits, held_out=False),
-                arithmetic_problems(args.arithmetic_digits, held_out=True))
-    if args.prompts_file is None:
-        return list(PROMPTS), list(EVAL_PROMPTS)
-    with open(args.prompts_file) as f:
-        prompts = [line.strip() for line in f if line.strip()]
-    if not prompts:
-        raise SystemExit(f"error: --prompts-file {args.prompts_file} contains no prompts")
-    return prompts, list(EVAL_PROMPTS)
+        prompts = arithmetic_problems(args.arithmetic_digits, held_out=False)
+        eval_prompts = arithmetic_problems(args.arithmetic_digits, held_out=True)
+        if args.eval_split == "validation":
+            eval_prompts = arithmetic_problems(args.arithmetic_digits, held_out=False, validation=True)
+    elif args.prompts_file is None:
+        prompts, eval_prompts = list(PROMPTS), list(EVAL_PROMPTS)
+    else:
+        with open(args.prompts_file) as f:
+            prompts, eval_prompts = [line.strip() for line in f if line.strip()], list(EVAL_PROMPTS)
+        if not prompts:
+            raise SystemExit(f"error: --prompts-file {args.prompts_file} contains no prompts")
+    if args.eval_split == "validation" and args.reward_model != "arithmetic":
+        eval_prompts = prompts[-max(1, len(prompts) // 8) :]  # the last eighth, fixed
+    if args.eval_split == "validation":
+        prompts = [p for p in prompts if p not in set(eval_prompts)]  # never trained on
+        if not prompts:
+            raise SystemExit("error: --eval-split validation: no training prompt is left; give more distinct "
+                             "prompts or use --eval-split held_out")
+    return prompts, eval_prompts
 
 
 def diversity(responses: torch.Tensor, response_mask: torch.Tensor) -> tuple[float, float]:

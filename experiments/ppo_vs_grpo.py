@@ -14,7 +14,9 @@ sampled response each, every 2 iterations of 64 completions. The methods (METHOD
 Each run is the script itself in a subprocess (one torch thread), so that its peak resident memory and CPU
 seconds are its own (os.wait4); runs go side by side, --jobs at a time, so that their wall-clock times compare.
 Subcommands:
-    python experiments/ppo_vs_grpo.py tune --jobs 2            # TUNING, on the validation split, one seed
+    python experiments/ppo_vs_grpo.py tune --jobs 2            # GRIDS, on the validation split, one seed
+    python experiments/ppo_vs_grpo.py run --tuned --seeds 7 8 9 10 11 12 --jobs 2   # the rule's choices
+    python experiments/ppo_vs_grpo.py tune --earlier-grid --jobs 2    # TUNING, the earlier grid of GRPO and RLOO
     python experiments/ppo_vs_grpo.py run --methods ppo grpo_tuned rloo --seeds 1 2 3 4 5 6 --jobs 2
     python experiments/ppo_vs_grpo.py report [--earlier docs/results/ppo_vs_grpo_earlier.json]
 `run` and `tune` append one record a run (method, seed, command, run folder, peak memory, wall-clock and CPU
@@ -42,6 +44,7 @@ import numpy as np
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import protocol  # noqa: E402  (the tuning rule and budget)
 from protocol import difference_interval, mean_interval  # noqa: E402  (the t- and Welch intervals)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,7 +63,8 @@ METHODS = {
     "rloo": "grpo_gpt2.py --advantage rloo --beta 0",
 }
 LABELS = {"ppo": "PPO", "grpo": "GRPO", "dr_grpo": "Dr. GRPO", "grpo_ppo_update": "GRPO, PPO's update",
-          "grpo_tuned": "GRPO, tuned schedule", "rloo": "RLOO"}
+          "grpo_tuned": "GRPO, tuned schedule", "rloo": "RLOO", "tuned_ppo": "PPO, tuned",
+          "tuned_grpo": "GRPO, tuned", "tuned_rloo": "RLOO, tuned"}
 # The tuning runs: one seed (100, not one of the comparison's), 512 completions, scored on 256 problems set aside
 # from the TRAINING problems (--eval-split validation), never on the held-out ones. S: optimizer steps a batch.
 # The rule: among the GRPO runs the highest validation accuracy after 512 completions becomes grpo_tuned, among
@@ -81,6 +85,37 @@ TUNING = {
 TUNING_COMMON = COMMON.replace("--eval-every 2", "--eval-every 0") + " --eval-split validation"
 TUNING_SEED = 100
 RUNS = "experiments/runs/ppo_vs_grpo"
+# The protocol's grids (experiments/protocol.py), stated before their first run: 8 settings a method, one run each
+# at protocol.TUNING_SEED, 512 completions, scored on the validation split (TUNING_COMMON); the rule: the highest
+# validation accuracy after 512 completions, the cheapest (CPU minutes of the run) within 1 point. PPO: learning
+# rate and epochs (the flags above, lr 1.41e-5 and 4 epochs, are a point of its grid); GRPO and RLOO: the group
+# size at 64 completions a batch (G 2: 32 problems a batch, G 16: 4), GRPO with its defaults' schedule and with
+# the earlier tuning's (16 steps a batch, beta 0, lr 1e-5), RLOO at two rates. The chosen settings then run at
+# SEEDS, fresh seeds, on the held-out problems: methods tuned_ppo, tuned_grpo, tuned_rloo (`run --tuned`).
+GRIDS = {
+    "ppo": protocol.grid(lambda lr, epochs: f"ppo_rlhf_gpt2.py --learning-rate {lr} --update-epochs {epochs}",
+                         lr=("7e-6", "1.41e-5", "3e-5", "6e-5"), epochs=("2", "4")),
+    "grpo": protocol.grid(lambda G, steps: f"grpo_gpt2.py --num-generations {G}" + (
+        "" if steps == "1" else f" {MB} 16 --beta 0 --learning-rate 1e-5"), G=("2", "4", "8", "16"), steps=("1", "16")),
+    "rloo": protocol.grid(lambda G, lr: f"grpo_gpt2.py --advantage rloo --beta 0 --num-generations {G} "
+                          f"--learning-rate {lr}", G=("2", "4", "8", "16"), lr=("1e-5", "2e-5")),
+}
+PROTOCOL_TUNING = {f"{method} {setting}": flags for method, grid in GRIDS.items() for setting, flags in grid.items()}
+SEEDS = (7, 8, 9, 10, 11, 12)
+
+
+def tuned_methods(tuning: list[dict]) -> dict[str, str]:
+    """{tuned_<method>: the flags the rule chose} from the protocol's tuning rows (tuning_results), once each
+    method's whole grid is recorded (else a clear error)."""
+    chosen = {}
+    for method, grid in GRIDS.items():
+        rows = {row["name"][len(method) + 1 :]: row for row in tuning if row["name"].startswith(method + " ")}
+        if set(rows) != set(grid):
+            raise SystemExit(f"error: --tuned: {len(set(rows) & set(grid))} of {method}'s {len(grid)} tuning runs "
+                             "are recorded; run `python experiments/ppo_vs_grpo.py tune` first")
+        setting = protocol.choose({k: r["final"] for k, r in rows.items()}, {k: r["cpu_s"] for k, r in rows.items()})
+        chosen[f"tuned_{method}"] = grid[setting]
+    return chosen
 
 
 def command_of(method: str, seed: int, runs: str, common: str = COMMON, methods: dict = METHODS) -> list[str]:
@@ -177,7 +212,8 @@ def last_mean(scalars: dict, tag: str, last: int) -> float:
 def summarize(records: list[dict], scalars_of) -> dict:
     """Per method: the runs' curves and end-of-run measures, seed by seed."""
     methods = {}
-    for record in sorted(records, key=lambda r: (list(METHODS).index(r["method"]), r["seed"])):
+    order = [*METHODS, "tuned_ppo", "tuned_grpo", "tuned_rloo"]
+    for record in sorted(records, key=lambda r: (order.index(r["method"]), r["seed"])):
         scalars = scalars_of(record["run_dir"])
         curves = run_curves(scalars, 64)
         methods.setdefault(record["method"], []).append({
@@ -364,9 +400,13 @@ def main() -> None:
     run.add_argument("--jobs", type=int, default=2, help="runs at a time (at most one per idle core)")
     run.add_argument("--runs", default=RUNS, help="runs folder and records.jsonl")
     run.add_argument("--common", default=COMMON, help="the flags every method gets")
-    tune = sub.add_parser("tune", help="the tuning runs (TUNING), scored on the validation split, one seed")
+    run.add_argument("--tuned", action="store_true", help="run the protocol's chosen settings (tuned_ppo, "
+                     "tuned_grpo, tuned_rloo) at --seeds, read from --tuning")
+    run.add_argument("--tuning", default=RUNS + "_protocol_tuning", help="the protocol's tuning runs (--tuned)")
+    tune = sub.add_parser("tune", help="the protocol's tuning runs (GRIDS), on the validation split, one seed")
     tune.add_argument("--jobs", type=int, default=2, help="runs at a time (at most one per idle core)")
-    tune.add_argument("--runs", default=RUNS + "_tuning", help="runs folder and records.jsonl")
+    tune.add_argument("--runs", default=RUNS + "_protocol_tuning", help="runs folder and records.jsonl")
+    tune.add_argument("--earlier-grid", action="store_true", help="the earlier grid (TUNING) instead")
     report = sub.add_parser("report", help="write the results page from the records")
     report.add_argument("--runs", default=RUNS)
     report.add_argument("--tuning", default=RUNS + "_tuning", help="the tuning runs' folder (if it has records)")
@@ -375,12 +415,18 @@ def main() -> None:
     report.add_argument("--out", default="docs/results/ppo_vs_grpo")
     args = parser.parse_args()
     runs = (ROOT / args.runs).resolve()
-    if args.subcommand == "run":
+    if args.subcommand == "run" and args.tuned:
+        tuning = recorded((ROOT / args.tuning).resolve() / "records.jsonl")
+        chosen = tuned_methods(tuning_results(tuning, read_scalars))
+        runs.mkdir(parents=True, exist_ok=True)
+        run_all(list(chosen), args.seeds, runs, args.jobs, args.common, chosen)
+    elif args.subcommand == "run":
         runs.mkdir(parents=True, exist_ok=True)
         run_all(args.methods, args.seeds, runs, args.jobs, args.common)
     elif args.subcommand == "tune":
         runs.mkdir(parents=True, exist_ok=True)
-        run_all(list(TUNING), [TUNING_SEED], runs, args.jobs, TUNING_COMMON, TUNING)
+        grid = TUNING if args.earlier_grid else PROTOCOL_TUNING
+        run_all(list(grid), [protocol.TUNING_SEED], runs, args.jobs, TUNING_COMMON, grid)
     else:
         records = recorded(runs / "records.jsonl")
         if not records:

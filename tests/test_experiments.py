@@ -8,11 +8,13 @@ import importlib.util
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+import tyro
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -808,3 +810,33 @@ def test_overopt_report_plots_d_and_draws_each_fitted_form_on_made_up_logs(tmp_p
     x = bon_fit.get_xdata()
     np.testing.assert_allclose(bon_fit.get_ydata(), alpha * x - beta * x**2, atol=1e-9)
     assert f"| best-of-n, small | {alpha:.4f} | {beta:.4f} | " in page
+
+
+def test_ppo_vs_grpo_protocol_grids_and_the_rule_s_choice_by_hand():
+    """Every method's grid has the protocol's budget, PPO's earlier flags are a point of its grid, the group size
+    is GRPO's and RLOO's axis; the tuned methods take the rule's choice (best validation accuracy, the cheapest
+    within a point) and refuse to run before the whole grid is recorded."""
+    pvg = load("ppo_vs_grpo")
+    assert {len(grid) for grid in pvg.GRIDS.values()} == {pvg.protocol.MIN_RUNS}
+    ppo = [pvg.shlex.split(f)[1:] for f in pvg.GRIDS["ppo"].values()]
+    assert ["--learning-rate", "1.41e-5", "--update-epochs", "4"] in ppo  # ppo_rlhf_gpt2.py's defaults
+    for method in ("grpo", "rloo"):
+        sizes = {re.search(r"--num-generations (\d+)", f).group(1) for f in pvg.GRIDS[method].values()}
+        assert sizes == {"2", "4", "8", "16"}
+    assert pvg.protocol.TUNING_SEED not in pvg.SEEDS and len(pvg.SEEDS) == 6
+    for name in pvg.PROTOCOL_TUNING:  # each command parses as its script's flags, and its checks pass
+        script, *flags = pvg.command_of(name, 100, "runs", pvg.TUNING_COMMON, pvg.PROTOCOL_TUNING)[1:]
+        module = importlib.import_module(script[:-3])
+        args = tyro.cli(module.Args, args=flags)
+        module.check_args(args)
+        assert args.eval_split == "validation" and args.total_episodes == 512
+    final = {"ppo": [0.30, 0.50, 0.495, 0.20, 0.1, 0.1, 0.1, 0.1], "grpo": [0.4] * 8, "rloo": [0.2] * 7 + [0.25]}
+    cpu = {"ppo": [1, 9, 5, 1, 1, 1, 1, 1], "grpo": [8, 7, 6, 5, 4, 3, 2, 9], "rloo": [1] * 8}
+    rows = [{"name": f"{m} {s}", "final": final[m][i], "cpu_s": cpu[m][i]}
+            for m in pvg.GRIDS for i, s in enumerate(pvg.GRIDS[m])]
+    chosen = pvg.tuned_methods(rows)
+    grids = {m: list(g.values()) for m, g in pvg.GRIDS.items()}
+    # PPO: 0.495 is within a point of 0.50 and costs 5 against 9; GRPO: all tied, the 7th is cheapest; RLOO: the 8th
+    assert chosen == {"tuned_ppo": grids["ppo"][2], "tuned_grpo": grids["grpo"][6], "tuned_rloo": grids["rloo"][7]}
+    with pytest.raises(SystemExit, match="7 of rloo's 8 tuning runs are recorded"):
+        pvg.tuned_methods(rows[:-1])

@@ -75,6 +75,7 @@ def read_scalars(run_dir) -> dict:
     (dict(max_grad_norm=0.0), "--max-grad-norm"),
     (dict(max_grad_norm=-1.0), "--max-grad-norm"),  # a negative clip norm would flip the gradient
     (dict(eval_every=-1), "--eval-every"),
+    (dict(eval_split="test"), "--eval-split must be held_out or validation"),
     (dict(reward_model="arithmetic", arithmetic_digits=0), "--arithmetic-digits"),
     (dict(reward_model="arithmetic", prompts_file=__file__), "--prompts-file: --reward-model arithmetic"),
 ])
@@ -1766,3 +1767,23 @@ def test_a_reward_model_folder_saved_before_a_config_key_existed_is_read_as_it_w
         written, others = (at_last, [at_end, mean]) if saved_before == "reward_end_token" else (at_end, [mean])
         assert score == pytest.approx(written.item() + 0.5, abs=1e-5)
         assert all(abs(score - other.item() - 0.5) > 1e-4 for other in others)
+
+
+def test_the_validation_split_is_grpo_s_and_main_evaluates_it(tiny, tmp_path, monkeypatch):
+    """--eval-split validation (the tuning of experiments/ppo_vs_grpo.py): the same training and evaluated
+    prompts as grpo_gpt2.py's, and what main() scores at each evaluation."""
+    import grpo_gpt2 as grpo
+
+    for split in ("held_out", "validation"):
+        for task in (dict(reward_model="arithmetic", arithmetic_digits=1), dict()):
+            ours = rlhf.load_prompts(tiny_args(tiny, tmp_path, eval_split=split, **task))
+            theirs = grpo.load_prompts(grpo.Args(model_name=tiny["policy"], eval_split=split, **task))
+            assert ours == theirs
+    validation = grpo.arithmetic_problems(1, held_out=False, validation=True)
+    scored = []
+    real = rlhf.evaluate
+    monkeypatch.setattr(rlhf, "evaluate", lambda policy, prompts, *a, **kw: scored.append(list(prompts)) or
+                        real(policy, prompts, *a, **kw))
+    rlhf.main(tiny_args(tiny, tmp_path, reward_model="arithmetic", arithmetic_digits=1, eval_split="validation",
+                        eval_episodes=4))
+    assert len(scored) == 2 and all(p == validation for p in scored)  # the initial and the final policy

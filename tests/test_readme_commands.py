@@ -89,9 +89,10 @@ def script_calls(command: str):
         return [("ppo_rlhf_gpt2.py", shlex.split(ppo_flags[0]))], None
     if program == "experiments/ppo_vs_grpo.py" and flags[0] in ("run", "tune"):
         harness = load_experiment("ppo_vs_grpo")
-        if flags[0] == "tune":
-            return [(c[1], c[2:]) for c in (harness.command_of(m, 1, "runs", harness.TUNING_COMMON, harness.TUNING)
-                                             for m in harness.TUNING)], None
+        if flags[0] == "tune" or "--tuned" in flags:
+            grid = harness.TUNING if "--earlier-grid" in flags else harness.PROTOCOL_TUNING
+            return [(c[1], c[2:]) for c in (harness.command_of(m, 1, "runs", harness.TUNING_COMMON, grid)
+                                             for m in grid)], None
         return [(c[1], c[2:]) for c in (harness.command_of(m, 1, "runs") for m in harness.METHODS)], None
     if program == "experiments/rlhf_frontier.py" and flags[0] in ("run", "reward-model", "tune"):
         harness = load_experiment("rlhf_frontier")
