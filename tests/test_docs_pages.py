@@ -145,3 +145,23 @@ def test_no_process_words(doc):
     found = [f"{i}: {line.strip()[:100]}" for i, line in enumerate(read(doc).splitlines(), 1)
              if PROCESS_WORDS.search(line)]
     assert not found, f"{doc} says how the work was organized, not what holds: {found}"
+
+
+MACHINE_PATH = re.compile(r"(?<![\w:/.~<>-])/(?!usr/|dev/)(?:[\w.-]+/)+[\w.-]*")  # /usr/bin/time is everyone's
+
+
+def machine_paths(text: str) -> list[str]:
+    """Absolute paths in a text, but for the system's own (/usr, /dev): folders a newcomer's clone lacks."""
+    return MACHINE_PATH.findall(text)
+
+
+def test_the_path_check_sees_a_machine_s_folder_and_passes_relative_ones():
+    assert machine_paths("run `x --proxies /work/proxies/rm500 --out /tmp/oo/a`") == ["/work/proxies/rm500",
+                                                                                  "/tmp/oo/a"]
+    assert machine_paths("see docs/results/a.md, https://x.org/a/b, runs/<run>/videos/, /usr/bin/time, 1/2") == []
+
+
+@pytest.mark.parametrize("page", ["README.md", "benchmarks/README.md", *sorted(
+    os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True))])
+def test_no_page_names_a_folder_of_the_machine_it_was_run_on(page):
+    assert machine_paths(read(page)) == [], f"{page}: give paths relative to the repository, or a placeholder"
