@@ -53,6 +53,7 @@ G3. Episode statistics from the vector RecordEpisodeStatistics wrapper.
 
 import os
 import random
+import sys
 import time
 from dataclasses import dataclass
 
@@ -330,7 +331,7 @@ def main(args: Args) -> dict:
     # 6. save / evaluate
     try:
         if args.save_model:
-            save_agent(agent, args, obs_dim, n_actions, run_dir)
+            save_agent(agent, args, obs_dim, n_actions, run_dir, global_step if interrupted else None)
         if args.eval_episodes > 0 and not interrupted:
             eval_returns = evaluate(agent, args.env_id, args.eval_episodes, args.seed + 100_000, device)
             for i, eval_return in enumerate(eval_returns):
@@ -339,9 +340,11 @@ def main(args: Args) -> dict:
                   f"over {len(eval_returns)} episodes")
     except KeyboardInterrupt:  # a Ctrl-C while saving or evaluating
         print("interrupted while saving or evaluating: keeping the logs, skipping the rest")
+        interrupted = True
     finally:
         writer.close()
-    return {"run_dir": run_dir, "episodic_returns": episodic_returns, "eval_returns": eval_returns}
+    return {"run_dir": run_dir, "episodic_returns": episodic_returns, "eval_returns": eval_returns,
+            "interrupted": interrupted}
 
 
 # Plumbing below: argument checks, evaluation and checkpoints. Not needed to follow the algorithm.
@@ -405,10 +408,10 @@ def evaluate(agent, env_id, episodes, seed, device):
 
 
 
-def save_agent(agent, args, obs_dim, n_actions, run_dir):
+def save_agent(agent, args, obs_dim, n_actions, run_dir, interrupted_at=None):
     path = os.path.join(run_dir, "agent.pt")
     checkpoint = {"model": agent.state_dict(), "obs_dim": obs_dim, "n_actions": n_actions,
-                  "env_id": args.env_id}
+                  "env_id": args.env_id, "interrupted_at": interrupted_at}  # the step of a Ctrl-C, or None
     torch.save(checkpoint, path)
     print(f"agent saved to {path}")
 
@@ -433,4 +436,9 @@ def load_agent(path, device):
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    try:
+        result = main(tyro.cli(Args))
+    except KeyboardInterrupt:  # a Ctrl-C before training began (loading, setup): nothing to keep yet
+        print("interrupted before training began")
+        sys.exit(130)
+    sys.exit(130 if result.get("interrupted") else 0)  # 130: the shell's status for a Ctrl-C

@@ -64,6 +64,7 @@ import json
 import math
 import os
 import random
+import sys
 import time
 from dataclasses import dataclass
 from typing import Literal
@@ -352,7 +353,7 @@ def main(args: Args) -> dict:
         interrupted, eval_stats = True, {}
 
     # 5. save
-    result = {"run_dir": run_dir, "preferences": args.preferences, "steps": step,
+    result = {"run_dir": run_dir, "preferences": args.preferences, "steps": step, "interrupted": interrupted,
               "gold_accuracy": gold_accuracy,
               **{f"eval_{k}": v for k, v in eval_stats.items() if k not in ("margins", "samples")}}
     try:
@@ -361,10 +362,12 @@ def main(args: Args) -> dict:
             result["held_out_scores"] = write_held_out_scores(eval_indices, eval_stats["margins"], run_dir)
         if args.save_model:
             result["model_path"] = os.path.join(run_dir, "model")
+            policy.config.interrupted_at = step if interrupted else None  # in config.json: a Ctrl-C's step
             save_policy(policy, args.model_name, result["model_path"], args)
             print(f"policy saved to {result['model_path']}")
     except KeyboardInterrupt:
         print("interrupted while saving: keeping the logs; the model folder may be incomplete")
+        result["interrupted"] = True
     finally:
         writer.close()
     return result
@@ -708,4 +711,9 @@ def save_policy(policy: nn.Module, model_name: str, path: str, args: Args) -> No
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    try:
+        result = main(tyro.cli(Args))
+    except KeyboardInterrupt:  # a Ctrl-C before training began (loading, setup): nothing to keep yet
+        print("interrupted before training began")
+        sys.exit(130)
+    sys.exit(130 if result.get("interrupted") else 0)  # 130: the shell's status for a Ctrl-C

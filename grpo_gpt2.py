@@ -480,6 +480,7 @@ def main(args: Args) -> dict:
     try:
         if args.save_model and args.rank == 0:
             model_path = os.path.join(run_dir, "model")
+            policy.config.interrupted_at = iteration if interrupted else None  # in config.json: a Ctrl-C's
             save_policy(policy, args.model_name, model_path, args)
             print(f"policy saved to {model_path}")
         if args.eval_episodes > 0 and not interrupted and args.rank == 0:
@@ -487,12 +488,13 @@ def main(args: Args) -> dict:
             print_held_out_summary(eval_stats, args)
     except KeyboardInterrupt:  # saving or evaluating GPT-2 takes seconds
         print("interrupted while saving or evaluating: keeping the logs; the model folder may be incomplete")
+        interrupted = True
     finally:
         writer.close()
         if args.world_size > 1:  # wait for process 0's saving and evaluation, then leave together
             torch.distributed.barrier()
             torch.distributed.destroy_process_group()
-    return {"run_dir": run_dir, "eval": eval_stats, **stats}
+    return {"run_dir": run_dir, "eval": eval_stats, "interrupted": interrupted, **stats}
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -994,4 +996,9 @@ EVAL_PROMPTS = [
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    try:
+        result = main(tyro.cli(Args))
+    except KeyboardInterrupt:  # a Ctrl-C before training began (loading, setup): nothing to keep yet
+        print("interrupted before training began")
+        sys.exit(130)
+    sys.exit(130 if result.get("interrupted") else 0)  # 130: the shell's status for a Ctrl-C

@@ -61,6 +61,7 @@ G4. One set of normalization statistics, kept in this script rather than in per-
 
 import os
 import random
+import sys
 import time
 from dataclasses import dataclass
 
@@ -465,7 +466,8 @@ def main(args: Args) -> dict:
     # 6. save / evaluate
     try:
         if args.save_model:
-            save_agent(agent, obs_rms, reward_scaler, args, obs_dim, act_dim, run_dir)
+            save_agent(agent, obs_rms, reward_scaler, args, obs_dim, act_dim, run_dir,
+                       global_step if interrupted else None)
         if args.eval_episodes > 0 and not interrupted:
             eval_returns = evaluate(agent, obs_rms, args.obs_clip, args.env_id, args.eval_episodes,
                                     args.seed + 100_000, device, video_dir, args.eval_sample)
@@ -475,10 +477,11 @@ def main(args: Args) -> dict:
                   f"over {len(eval_returns)} episodes")
     except KeyboardInterrupt:  # a Ctrl-C while saving or evaluating
         print("interrupted while saving or evaluating: keeping the logs, skipping the rest")
+        interrupted = True
     finally:
         writer.close()
     return {"run_dir": run_dir, "episodic_returns": episodic_returns, "eval_returns": eval_returns,
-            "rollout_time": rollout_time, "update_time": update_time}
+            "rollout_time": rollout_time, "update_time": update_time, "interrupted": interrupted}
 
 
 # Plumbing below: argument checks, evaluation, checkpoints, videos, DropInfo. Skippable on a first reading.
@@ -565,7 +568,7 @@ def rms_state(rms: RunningMeanStd) -> dict:
     return {"mean": torch.tensor(rms.mean), "var": torch.tensor(rms.var), "count": rms.count}
 
 
-def save_agent(agent, obs_rms, reward_scaler, args, obs_dim, act_dim, run_dir):
+def save_agent(agent, obs_rms, reward_scaler, args, obs_dim, act_dim, run_dir, interrupted_at=None):
     path = os.path.join(run_dir, "agent.pt")
     checkpoint = {
         "model": agent.state_dict(),
@@ -576,6 +579,7 @@ def save_agent(agent, obs_rms, reward_scaler, args, obs_dim, act_dim, run_dir):
         "env_id": args.env_id,
         "obs_clip": args.obs_clip,
         "args": vars(args),
+        "interrupted_at": interrupted_at,  # the step of a Ctrl-C, or None
     }
     torch.save(checkpoint, path)
     print(f"agent saved to {path}")
@@ -656,4 +660,9 @@ class DropInfo(gym.Wrapper):
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    try:
+        result = main(tyro.cli(Args))
+    except KeyboardInterrupt:  # a Ctrl-C before training began (loading, setup): nothing to keep yet
+        print("interrupted before training began")
+        sys.exit(130)
+    sys.exit(130 if result.get("interrupted") else 0)  # 130: the shell's status for a Ctrl-C

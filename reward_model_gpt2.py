@@ -63,6 +63,7 @@ import json
 import math
 import os
 import random
+import sys
 import time
 from dataclasses import dataclass
 
@@ -375,7 +376,8 @@ def main(args: Args) -> dict:
         interrupted, eval_stats = True, {}
 
     # 6. normalize / save
-    result = {"run_dir": run_dir, "preferences": preferences, "steps": step, "gold_accuracy": gold_accuracy,
+    result = {"run_dir": run_dir, "preferences": preferences, "steps": step, "interrupted": interrupted,
+              "gold_accuracy": gold_accuracy,
               **{f"eval_{k}": v for k, v in eval_stats.items() if k != "margins"}}
     try:
         if not interrupted:
@@ -391,11 +393,13 @@ def main(args: Args) -> dict:
                 with torch.no_grad():
                     reward_model.score.weight.mul_(gain)  # exact: the head is linear and has no bias
             result.update(model_path=os.path.join(run_dir, "model"), reward_gain=gain, reward_bias=bias)
+            reward_model.config.interrupted_at = step if interrupted else None  # in config.json: a Ctrl-C's
             save_reward_model(reward_model, args.model_name, result["model_path"], bias, end_token,
                               args.readout)
             print(f"reward model saved to {result['model_path']} (gain {gain:.4g}, reward_bias {bias:.4g})")
     except KeyboardInterrupt:
         print("interrupted while normalizing or saving: keeping the logs; the model folder may be incomplete")
+        result["interrupted"] = True
     finally:
         writer.close()
     return result
@@ -824,4 +828,9 @@ PROMPTS = [
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    try:
+        result = main(tyro.cli(Args))
+    except KeyboardInterrupt:  # a Ctrl-C before training began (loading, setup): nothing to keep yet
+        print("interrupted before training began")
+        sys.exit(130)
+    sys.exit(130 if result.get("interrupted") else 0)  # 130: the shell's status for a Ctrl-C

@@ -1,0 +1,105 @@
+"""A Ctrl-C at any phase of every script, as a user's shell sees it: the script run as a program, a
+KeyboardInterrupt raised while it loads or while it trains, and then one line about it, no traceback, exit status
+130 (the shell's code for an interrupt, so that a pipeline does not read success) and, where the run saved its
+agent or model, a record of the step it was stopped at. The in-process tests of each script check the rest of an
+interrupted run (its logs closed, no evaluation)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Runs the script as `python SCRIPT FLAGS`, with a KeyboardInterrupt raised at the phase named: `loading`, the
+# first model or environment the script makes; `training`, the first optimizer step.
+RUNNER = r"""
+import runpy, sys
+phase, script, flags = sys.argv[1], sys.argv[2], sys.argv[3:]
+
+def interrupt(*args, **kwargs):
+    raise KeyboardInterrupt
+
+if phase == "loading":
+    import gymnasium, transformers
+    gymnasium.vector.SyncVectorEnv.__init__ = interrupt
+    transformers.AutoModelForCausalLM.from_pretrained = interrupt
+    transformers.AutoModelForSequenceClassification.from_pretrained = interrupt
+elif phase == "training":
+    import torch
+
+    for optimizer in (torch.optim.Adam, torch.optim.RMSprop):  # the scripts' optimizers
+        optimizer.step = interrupt
+sys.argv = [script, *flags]
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+def flags_of(script: str, tiny: dict, preferences: str) -> list[str]:
+    gym = ["--total-timesteps", "2048", "--eval-episodes", "1"]
+    lm = ["--model-name", tiny["policy"], "--response-length", "8", "--min-response-length", "0"]
+    rl = [*lm, "--reward-model", tiny["reward"], "--batch-size", "8", "--num-minibatches", "2",
+          "--total-episodes", "32", "--eval-episodes", "4"]
+    pairs = [*lm, "--preferences", preferences, "--batch-size", "4", "--eval-fraction", "0.25"]
+    return {"reinforce.py": [*gym, "--num-envs", "2"], "a2c.py": gym, "ppo_cartpole.py": gym,
+            "ppo_walker2d.py": [*gym, "--num-envs", "1", "--num-steps", "256"],
+            "ppo_rlhf_gpt2.py": [*rl, "--norm-batches", "1"], "grpo_gpt2.py": [*rl, "--num-generations", "4"],
+            "dpo_gpt2.py": [*pairs, "--gradient-accumulation-steps", "1", "--eval-episodes", "0"],
+            "reward_model_gpt2.py": [*pairs, "--no-probe"]}[script]
+
+
+@pytest.fixture(scope="module")
+def preferences(tmp_path_factory):
+    import ppo_rlhf_gpt2 as rlhf
+
+    path = tmp_path_factory.mktemp("prefs") / "preferences.jsonl"
+    path.write_text("".join(json.dumps({"prompt": p, "chosen": f" great, the best {k}.", "rejected": f" bad {k}."})
+                            + "\n" for p in rlhf.PROMPTS[:8] for k in range(3)))
+    return str(path)
+
+
+def run(script: str, phase: str, flags: list[str], runs: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", MUJOCO_GL="egl", PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-c", RUNNER, phase, script, *flags, "--runs-dir", str(runs),
+                           "--save-model", "--no-cuda"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+SCRIPTS = ["reinforce.py", "a2c.py", "ppo_cartpole.py", "ppo_walker2d.py", "ppo_rlhf_gpt2.py", "grpo_gpt2.py",
+           "dpo_gpt2.py", "reward_model_gpt2.py"]
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_a_ctrl_c_while_loading_ends_in_one_line_and_status_130(script, tiny, preferences, tmp_path):
+    done = run(script, "loading", flags_of(script, tiny, preferences), tmp_path / "runs")
+    assert done.returncode == 130, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and "KeyboardInterrupt" not in done.stderr, done.stderr[-2000:]
+    assert done.stdout.splitlines()[-1] == "interrupted before training began"
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_a_ctrl_c_while_training_saves_what_it_has_marked_with_its_step(script, tiny, preferences, tmp_path):
+    done = run(script, "training", flags_of(script, tiny, preferences), tmp_path / "runs")
+    assert done.returncode == 130, (done.stdout[-2000:], done.stderr[-2000:])
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]
+    lines = [line for line in done.stdout.splitlines() if line.startswith("interrupted")]
+    assert len(lines) == 1 and ("step" in lines[0] or "iteration" in lines[0]), done.stdout[-2000:]
+    (run_dir,) = [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]
+    if script in ("reinforce.py", "a2c.py", "ppo_cartpole.py", "ppo_walker2d.py"):
+        checkpoint = torch.load(run_dir / "agent.pt", weights_only=False)
+        # the first update's step: one rollout of environment steps (or whole episodes) done
+        assert checkpoint["interrupted_at"] is not None and checkpoint["interrupted_at"] > 0
+    else:
+        config = json.loads((run_dir / "model" / "config.json").read_text())
+        assert config["interrupted_at"] == 1, config  # the step or iteration whose update was cut: the first
+
+
+def test_a_finished_run_exits_0_and_its_saved_model_says_it_finished(tiny, preferences, tmp_path):
+    done = run("dpo_gpt2.py", "none", flags_of("dpo_gpt2.py", tiny, preferences), tmp_path / "runs")
+    assert done.returncode == 0, done.stderr[-2000:]
+    (run_dir,) = [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]
+    assert json.loads((run_dir / "model" / "config.json").read_text())["interrupted_at"] is None
