@@ -524,3 +524,64 @@ def test_house_style():
                 for alias in (node.names if isinstance(node, ast.Import) else [ast.alias(node.module or "")])}
     project = {p[:-3] for p in os.listdir(Path(dpo.__file__).parent) if p.endswith(".py")}
     assert not imported & project  # it shares no code with the other files
+
+
+def test_the_held_out_samples_are_the_trained_policy_s_on_held_out_prompts_against_the_initial_model(tiny,
+                                                                                                      tmp_path,
+                                                                                                      monkeypatch):
+    """What the sampled evaluation reads, by hand: at the end, the responses come from the trained policy (its
+    weights those the run saved), to the held-out prompts only; eval/kl is the mean over prompts of the sum over
+    each response's real tokens of log pi_trained - log pi_initial (plain forward passes of the saved and the
+    initial model on the unpadded ids), eval/gold_scores the length gold of the same responses."""
+    passes = []  # one dict a sampling pass: the model, the queries, the truncated responses and their mask
+    real_generate, real_truncate = dpo.generate, dpo.truncate_after_stop_token
+
+    def generate(policy, queries, *args, **kwargs):
+        passes.append({"policy": policy, "queries": queries.clone(),
+                       "weights": [p.detach().clone() for p in policy.parameters()]})
+        return real_generate(policy, queries, *args, **kwargs)
+
+    def truncate(responses, *args, **kwargs):
+        out = real_truncate(responses, *args, **kwargs)
+        passes[-1].update(responses=out[0].clone(), mask=out[1].clone())
+        return out
+
+    monkeypatch.setattr(dpo, "generate", generate)
+    monkeypatch.setattr(dpo, "truncate_after_stop_token", truncate)
+    args = tiny_args(tiny, tmp_path, eval_episodes=8, forward_batch_size=4, gold="length", save_model=True,
+                     learning_rate=1e-2, temperature=0.9)
+    result = dpo.main(args)
+    assert len(passes) == 4  # 8 responses, 4 a pass: two at step 0, two at the end
+    final = passes[2:]
+    trained = AutoModelForCausalLM.from_pretrained(result["model_path"]).eval()
+    initial = AutoModelForCausalLM.from_pretrained(tiny["policy"]).eval()
+    for p in final:  # sampled by the trained policy, not the reference
+        assert all(torch.equal(a, b) for a, b in zip(p["weights"], trained.parameters()))
+    assert not all(torch.equal(a, b) for a, b in zip(final[0]["weights"], initial.parameters()))
+    tokenizer, _ = dpo.load_tokenizer(args.model_name, args.stop_token)
+    comparisons = [json.loads(line) for line in Path(args.preferences).read_text().splitlines()]
+    train, held = dpo.split_comparisons([c["prompt"] for c in comparisons], args.eval_fraction, args.seed)
+    held_prompts = list(dict.fromkeys(comparisons[i]["prompt"] for i in held))
+    train_prompts = {comparisons[i]["prompt"] for i in train}
+    kls, golds, prompts = [], [], []
+    for p in final:
+        for query, response, mask in zip(p["queries"], p["responses"], p["mask"]):
+            prompt = tokenizer.decode(query[query != tokenizer.pad_token_id])
+            assert prompt in held_prompts and prompt not in train_prompts
+            ids = torch.cat([query[query != tokenizer.pad_token_id], response[mask]])[None]
+            start = int((query != tokenizer.pad_token_id).sum())
+            total = 0.0
+            for model, sign in ((trained, 1.0), (initial, -1.0)):
+                with torch.no_grad():
+                    logp = torch.log_softmax(model(ids).logits[0, :-1].double() / args.temperature, dim=-1)
+                total += sign * float(logp[torch.arange(start - 1, ids.shape[1] - 1), ids[0, start:]].sum())
+            kls.append(total)
+            golds.append(len(tokenizer.decode(response[mask], skip_special_tokens=True)) / args.response_length)
+            prompts.append(prompt)
+    assert sorted(set(prompts)) == sorted(held_prompts)  # every held-out prompt, cycled
+    by_prompt = lambda values: statistics.mean(statistics.mean(v for v, q in zip(values, prompts) if q == p)
+                                               for p in held_prompts)
+    scalars = read_scalars(result["run_dir"])
+    assert abs(by_prompt(kls)) > 0.01  # a policy that moved
+    assert scalars["eval/kl"][-1][1] == pytest.approx(by_prompt(kls), rel=1e-4, abs=1e-5)
+    assert scalars["eval/gold_scores"][-1][1] == pytest.approx(by_prompt(golds), rel=1e-5)

@@ -319,3 +319,40 @@ def test_a_tuned_run_waits_for_the_whole_grid(tiny_frontier, monkeypatch):
     with pytest.raises(SystemExit, match="0 of ppo's 2 tuning runs"):
         F.run(F.Run(preferences=tiny_frontier["prefs"], methods=["ppo"], seeds=[4], tuned=True,
                     **tiny_frontier["common"]))
+
+
+def test_the_measure_s_kl_is_summed_over_each_response_s_real_tokens_by_hand(tiny, monkeypatch):
+    """The frontier's KL of each sample, by hand: the sum over the response's tokens up to its stop (not the
+    prompt's, not the padding) of log pi - log pi_ref at the sampling temperature, from plain forward passes on
+    the unpadded ids; in the order of the prompts, then their samples."""
+    frontier = F.Frontier(F.Common(model_name=tiny["policy"], num_prompts=3, samples_per_prompt=2))
+    policy = copy.deepcopy(frontier.reference)
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    passes, real_truncate = [], F.dpo.truncate_after_stop_token
+
+    def truncate(responses, *args, **kwargs):
+        out = real_truncate(responses, *args, **kwargs)
+        passes.append((out[0].clone(), out[1].clone()))
+        return out
+
+    monkeypatch.setattr(F.dpo, "truncate_after_stop_token", truncate)
+    m = frontier.measure(policy, 2, batch_size=4)
+    tokenizer, pad = frontier.tokenizer, frontier.tokenizer.pad_token_id
+    prompts = [p for p in frontier.prompts for _ in range(2)]
+    expected, i = [], 0
+    for responses, masks in passes:
+        for response, mask in zip(responses, masks):
+            query = tokenizer(prompts[i], truncation=True, max_length=frontier.args.max_query_length)["input_ids"]
+            ids = torch.cat([torch.tensor(query), response[mask]])[None]
+            total = 0.0
+            for model, sign in ((policy, 1.0), (frontier.reference, -1.0)):
+                with torch.no_grad():
+                    logp = torch.log_softmax(model(ids).logits[0, :-1].double() / frontier.args.temperature, -1)
+                steps = torch.arange(len(query) - 1, ids.shape[1] - 1)
+                total += sign * float(logp[steps, ids[0, len(query) :]].sum())
+            expected.append(total)
+            i += 1
+    assert i == 6 and not np.allclose(expected, 0.0)
+    np.testing.assert_allclose(m["kl"].ravel(), expected, rtol=1e-4, atol=1e-5)

@@ -16,9 +16,18 @@ import sys
 from pathlib import Path
 
 TEST_FILE = "tests/test_experiments.py"
+TEST_FILES = {"experiments/rlhf_frontier": "tests/test_rlhf_frontier.py"}  # scripts with a test file of their own
 SELECTOR = "not overopt and not preference"
 
 MUTANTS_BY_SCRIPT = {
+    # what an evaluation reads: the frontier's KL, written before its test by hand (both survived every test)
+    "experiments/rlhf_frontier": [
+        ("the frontier's KL of log pi_ref - log pi",
+         "kl += (logps[0] - logps[1]).tolist()", "kl += (logps[1] - logps[0]).tolist()", "kl or measure"),
+        ("the frontier's KL at temperature 1, not the sampling temperature",
+         "mask, args.temperature, tokenizer.pad_token_id)[0]", "mask, 1.0, tokenizer.pad_token_id)[0]",
+         "kl or measure"),
+    ],
     # issue 41: values checked where they can be wrong, written before their tests
     "experiments/clip_objective": [
         ("issue41: every epoch's zero-gradient fraction against the first epoch's (shuffled) advantages",
@@ -112,7 +121,7 @@ def main() -> int:
         unknown = sorted(set(chosen) - set(MUTANTS_BY_SCRIPT))
         if unknown:
             sys.exit(f"error: no mutants of {unknown}; there are {sorted(MUTANTS_BY_SCRIPT)}")
-        return [mutation_check.Mutant(script, TEST_FILE, *entry) for script in chosen
+        return [mutation_check.Mutant(script, TEST_FILES.get(script, TEST_FILE), *entry) for script in chosen
                 for entry in MUTANTS_BY_SCRIPT[script]]
 
     mutation_check.copy_repository, mutation_check.load_mutants = copy_repository, load_mutants

@@ -99,4 +99,12 @@ MUTANTS = [
     ("label smoothing 0.5 accepted",
      "lambda v: 0 <= v < 0.5,",
      "lambda v: 0 <= v <= 0.5,"),
+    # what an evaluation reads: written before test_the_held_out_samples_are_the_trained_policy_s_..., both
+    # survived every test then
+    ("the sampled evaluation on the training prompts",
+     'eval_prompts = list(dict.fromkeys(c["prompt"] for c in eval_set))',
+     'eval_prompts = list(dict.fromkeys(c["prompt"] for c in train_set))'),
+    ("the held-out KL of the policy against itself",
+     "reference = policy if step == 0 else load_policy(args.model_name, device)",
+     "reference = policy"),
 ]
