@@ -2,7 +2,7 @@
 
 benchmarks/mutants/<script>.py holds the breakages of <script>.py ("mutants"), as
     TEST_FILE = "tests/test_<script>.py"
-    MUTANTS = [(name, old_text, new_text), ...]    # or (name, old_text, new_text, pytest -k selector)
+    MUTANTS = [(name, old_text, new_text), ...]    # or (name, old_text, new_text, pytest -k selector[, test file])
 For each mutant the runner copies the repository's top-level files and its tests/ and docs/ folders into a
 temporary folder, replaces old_text by new_text in the copy of the script, and runs
     python -m pytest -x -q TEST_FILE [-k selector]
@@ -67,9 +67,11 @@ def load_mutants(scripts: list[str] | None) -> list[Mutant]:
         if len(set(names)) != len(names):
             sys.exit(f"error: benchmarks/mutants/{stem}.py names a mutant twice")
         for entry in module.MUTANTS:
-            if len(entry) not in (3, 4):
-                sys.exit(f"error: benchmarks/mutants/{stem}.py: {entry[0]!r} is not (name, old, new[, selector])")
-            mutants.append(Mutant(stem, module.TEST_FILE, *entry))
+            if len(entry) not in (3, 4, 5):
+                sys.exit(f"error: benchmarks/mutants/{stem}.py: {entry[0]!r} is not (name, old, new[, selector[, "
+                         "test file]])")
+            test_file = entry[4] if len(entry) == 5 else module.TEST_FILE  # a test of several scripts' own file
+            mutants.append(Mutant(stem, test_file, *entry[:4]))
     return mutants
 
 

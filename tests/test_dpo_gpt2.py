@@ -222,8 +222,9 @@ def test_main_logs_trl_s_names_and_scores_the_split_of_reward_model_gpt2(tiny, t
     for (_, c), (_, r), (_, m) in zip(scalars["rewards/chosen"], scalars["rewards/rejected"],
                                       scalars["rewards/margins"]):
         assert m == pytest.approx(c - r, abs=1e-5)
+    # detail 4: step s of 8 at (9 - s) / 8 of 1e-3, written out
     assert [v for _, v in scalars["charts/learning_rate"]] == pytest.approx(
-        [1e-3 * (1 - (s - 1) / num_steps) for s in range(1, num_steps + 1)])
+        [1e-3, 8.75e-4, 7.5e-4, 6.25e-4, 5e-4, 3.75e-4, 2.5e-4, 1.25e-4])
     assert scalars["logps/chosen"][0][1] < 0 and scalars["logps/rejected"][0][1] < 0
     # held out: before training the policy is the reference: every margin 0 (ties: 1/2), the KL exactly 0
     assert [s for s, _ in scalars["eval/accuracy"]] == [0, 2, 4, 6, 8]

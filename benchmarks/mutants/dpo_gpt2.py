@@ -107,4 +107,11 @@ MUTANTS = [
     ("the held-out KL of the policy against itself",
      "reference = policy if step == 0 else load_policy(args.model_name, device)",
      "reference = policy"),
+    # the order inside an update: written before tests/test_update_order.py, survived every test of this file
+    ("the gradient clipped after the optimizer's step",
+     "                nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)  # detail 11\n"
+     "                optimizer.step()",
+     "                optimizer.step()\n"
+     "                nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)  # detail 11",
+     "dpo", "tests/test_update_order.py"),
 ]

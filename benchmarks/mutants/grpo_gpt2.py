@@ -60,4 +60,11 @@ MUTANTS = [
     ("torchrun: the statistics of process 0 alone",
      "stats = mean_over_processes(stats, device)  # torchrun: each statistic's mean over the processes",
      "pass", "torchrun"),
+    # the order inside an update: written before tests/test_update_order.py, survived every test of this file
+    ("the gradient clipped after the optimizer's step",
+     "                    nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)  # detail 11\n"
+     "                    optimizer.step()",
+     "                    optimizer.step()\n"
+     "                    nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)  # detail 11",
+     "grpo", "tests/test_update_order.py"),
 ]
