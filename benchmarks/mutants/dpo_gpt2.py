@@ -114,4 +114,20 @@ MUTANTS = [
      "                optimizer.step()\n"
      "                nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)  # detail 11",
      "dpo", "tests/test_update_order.py"),
+    # the random streams: tests/test_random_streams.py (each survived every test of this file)
+    ("the sampled evaluation draws from training's stream",
+     '    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):',
+     '    with torch.no_grad():',
+     'dpo',
+     'tests/test_random_streams.py'),
+    ("the training comparisons in the file's order",
+     '            order = torch.randperm(len(train_set)).tolist()',
+     '            order = list(range(len(train_set)))',
+     'shuffled',
+     'tests/test_random_streams.py'),
+    ('one order of the comparisons for every epoch',
+     '        for epoch in range(args.num_epochs):  # detail 40\n            order = torch.randperm(len(train_set)).tolist()',
+     '        order = torch.randperm(len(train_set)).tolist()\n        for epoch in range(args.num_epochs):  # detail 40',
+     'shuffled',
+     'tests/test_random_streams.py'),
 ]

@@ -67,4 +67,10 @@ MUTANTS = [
      "                    optimizer.step()\n"
      "                    nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)  # detail 11",
      "grpo", "tests/test_update_order.py"),
+    # the random streams: tests/test_random_streams.py (each survived every test of this file)
+    ("the held-out evaluation draws from training's stream",
+     '    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):',
+     '    with torch.no_grad():',
+     'grpo',
+     'tests/test_random_streams.py'),
 ]
