@@ -356,3 +356,19 @@ def test_the_measure_s_kl_is_summed_over_each_response_s_real_tokens_by_hand(tin
             i += 1
     assert i == 6 and not np.allclose(expected, 0.0)
     np.testing.assert_allclose(m["kl"].ravel(), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_a_point_s_means_and_standard_errors_are_over_prompts_by_hand(tiny, monkeypatch):
+    """The unit of a point's statistics is the prompt: gold 0.1 to 0.6 for six samples of three prompts give the
+    mean of the prompts' means and their standard error, not the samples' (which would be 0.0764, not 0.1)."""
+    frontier = F.Frontier(F.Common(model_name=tiny["policy"], num_prompts=3, samples_per_prompt=2))
+    gold = np.array([[0.1, 0.2], [0.3, 0.4], [0.5, 0.6]])
+    kl = np.array([[1.0, 3.0], [2.0, 2.0], [0.0, 4.0]])
+    monkeypatch.setattr(F.Frontier, "measure", lambda self, policy, n: {"gold": gold, "kl": kl, "texts": ["t"] * 6,
+                                                                          "stop_share": 0.5})
+    point = frontier.point(None)
+    # prompt means 0.15, 0.35, 0.55: mean 0.35, std 0.2, standard error 0.2 / sqrt(3)
+    assert point["gold"] == pytest.approx(0.35) and point["gold_se"] == pytest.approx(0.2 / math.sqrt(3))
+    assert point["gold_per_prompt"] == pytest.approx([0.15, 0.35, 0.55])
+    # KL prompt means 2, 2, 2: standard error 0, though the samples vary
+    assert point["kl"] == pytest.approx(2.0) and point["kl_se"] == pytest.approx(0.0)

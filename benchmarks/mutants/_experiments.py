@@ -27,6 +27,10 @@ MUTANTS_BY_SCRIPT = {
         ("the frontier's KL at temperature 1, not the sampling temperature",
          "mask, args.temperature, tokenizer.pad_token_id)[0]", "mask, 1.0, tokenizer.pad_token_id)[0]",
          "kl or measure"),
+        # the unit of a statistic (survived every test of tests/test_rlhf_frontier.py)
+        ("a point's standard error over samples, not prompts",
+         "float(means.std(ddof=1) / math.sqrt(len(means)))", "float(values.std(ddof=1) / math.sqrt(values.size))",
+         "over_prompts"),
     ],
     # issue 41: values checked where they can be wrong, written before their tests
     "experiments/clip_objective": [
