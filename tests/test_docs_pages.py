@@ -25,6 +25,7 @@ MODELS = {  # what a page that is not about the real language model must name on
     "a2c.md": ["CartPole-v1"],
     "ppo_cartpole.md": ["CartPole-v1"],
     "ppo_walker2d.md": ["Walker2d-v5"],
+    "ppo_atari.md": ["ALE/Breakout-v5"],
     "clip_objective.md": ["Walker2d-v5"],
     "epsilon_ablation.md": ["CartPole-v1", "Walker2d-v5"],
     "rlhf_kl_vs_collapse.md": ["character-level GPT-2"],

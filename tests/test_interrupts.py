@@ -47,6 +47,7 @@ def flags_of(script: str, tiny: dict, preferences: str) -> list[str]:
     pairs = [*lm, "--preferences", preferences, "--batch-size", "4", "--eval-fraction", "0.25"]
     return {"reinforce.py": [*gym, "--num-envs", "2"], "a2c.py": gym, "ppo_cartpole.py": gym,
             "ppo_walker2d.py": [*gym, "--num-envs", "1", "--num-steps", "256"],
+            "ppo_atari.py": [*gym, "--num-envs", "2", "--num-steps", "32", "--env-id", "ALE/Pong-v5"],
             "ppo_rlhf_gpt2.py": [*rl, "--norm-batches", "1"], "grpo_gpt2.py": [*rl, "--num-generations", "4"],
             "dpo_gpt2.py": [*pairs, "--gradient-accumulation-steps", "1", "--eval-episodes", "0"],
             "reward_model_gpt2.py": [*pairs, "--no-probe"]}[script]
@@ -69,8 +70,8 @@ def run(script: str, phase: str, flags: list[str], runs: Path) -> subprocess.Com
                           timeout=300)
 
 
-SCRIPTS = ["reinforce.py", "a2c.py", "ppo_cartpole.py", "ppo_walker2d.py", "ppo_rlhf_gpt2.py", "grpo_gpt2.py",
-           "dpo_gpt2.py", "reward_model_gpt2.py"]
+SCRIPTS = ["reinforce.py", "a2c.py", "ppo_cartpole.py", "ppo_walker2d.py", "ppo_atari.py", "ppo_rlhf_gpt2.py",
+           "grpo_gpt2.py", "dpo_gpt2.py", "reward_model_gpt2.py"]
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -89,7 +90,7 @@ def test_a_ctrl_c_while_training_saves_what_it_has_marked_with_its_step(script, 
     lines = [line for line in done.stdout.splitlines() if line.startswith("interrupted")]
     assert len(lines) == 1 and ("step" in lines[0] or "iteration" in lines[0]), done.stdout[-2000:]
     (run_dir,) = [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]
-    if script in ("reinforce.py", "a2c.py", "ppo_cartpole.py", "ppo_walker2d.py"):
+    if script in ("reinforce.py", "a2c.py", "ppo_cartpole.py", "ppo_walker2d.py", "ppo_atari.py"):
         checkpoint = torch.load(run_dir / "agent.pt", weights_only=False)
         # the first update's step: one rollout of environment steps (or whole episodes) done
         assert checkpoint["interrupted_at"] is not None and checkpoint["interrupted_at"] > 0

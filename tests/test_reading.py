@@ -11,8 +11,8 @@ import pytest
 from tyro._docstrings import get_field_docstring
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPTS = ["reinforce", "a2c", "ppo_cartpole", "ppo_walker2d", "reward_model_gpt2", "dpo_gpt2", "ppo_rlhf_gpt2",
-           "grpo_gpt2"]
+SCRIPTS = ["reinforce", "a2c", "ppo_cartpole", "ppo_walker2d", "ppo_atari", "reward_model_gpt2", "dpo_gpt2",
+           "ppo_rlhf_gpt2", "grpo_gpt2"]
 MAX_LINE, MAX_DOCSTRING = 110, 60
 
 

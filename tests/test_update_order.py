@@ -22,6 +22,8 @@ def args_of(script: str, tiny: dict, tmp_path):
     module = importlib.import_module(script)
     common = dict(runs_dir=str(tmp_path / "runs"), cuda=False, max_grad_norm=MAX_NORM)
     lm = dict(model_name=tiny["policy"], response_length=8, min_response_length=0, **common)
+    if script == "ppo_atari":
+        return module, module.Args(total_timesteps=128, num_envs=2, num_steps=32, eval_episodes=0, **common)
     if script in ("a2c", "ppo_cartpole", "ppo_walker2d"):
         steps = {"a2c": 1000, "ppo_cartpole": 1024, "ppo_walker2d": 4096}[script]
         return module, module.Args(total_timesteps=steps, eval_episodes=0, **common)
@@ -39,7 +41,7 @@ def args_of(script: str, tiny: dict, tmp_path):
                                gradient_accumulation_steps=2, forward_batch_size=16, eval_every=0, probe=False, **lm)
 
 
-@pytest.mark.parametrize("script", ["a2c", "ppo_cartpole", "ppo_walker2d", "ppo_rlhf_gpt2", "grpo_gpt2",
+@pytest.mark.parametrize("script", ["a2c", "ppo_cartpole", "ppo_walker2d", "ppo_atari", "ppo_rlhf_gpt2", "grpo_gpt2",
                                     "dpo_gpt2", "reward_model_gpt2"])
 def test_every_step_applies_the_clipped_gradient_once(script, tiny, tmp_path, monkeypatch):
     applied, found = [], []
