@@ -45,18 +45,19 @@ Implementation details, numbered as in ppo_rlhf_gpt2.py where they are the same 
  6. Passes over shuffled minibatches; a minibatch may be split into micro-batches whose gradients add up.
 23-30: a pad token distinct from EOS, left padding, position ids from the mask, logits / temperature, pure
     sampling, dropout off, truncation after the first stop token, the EOS trick (in that order).
-35. Groups: each batch is batch_size / G prompts, each repeated G times in a row (torchrun: whole groups).
-36. The group-relative advantage, the same on every token of a response (or RLOO's). A group whose scores are
+46. Groups: each batch is batch_size / G prompts, each repeated G times in a row (torchrun: whole groups).
+47. The group-relative advantage, the same on every token of a response (or RLOO's). A group whose scores are
     all equal gets exactly 0 (no signal; rounding noise in its std cannot be blown up).
-37. The loss aggregation, over the whole minibatch even when it is split into micro-batches: each
+48. The loss aggregation, over the whole minibatch even when it is split into micro-batches: each
     micro-batch adds its share, computed with the minibatch's N and T.
-38. The KL to the reference in the loss (k3), not in the reward; at --beta 0 no reference model at all. Its
+49. The KL to the reference in the loss (k3), not in the reward; at --beta 0 no reference model at all. Its
     gradient is (1 - pi_ref / pi) grad log pi. Once a pass or minibatch has moved the policy, on the stale
     samples pi_ref / pi - 1 is unbounded while the clip has switched the policy term off on those tokens:
     the k3 term alone drives the step. --use-bias-correction-kl: ratio * log(pi / pi_ref) in its place.
-39. An upper clip that may differ from the lower one (--clip-coef-high, DAPO's clip-higher).
-40. --update-epochs passes over each batch (GRPO's mu, TRL's num_iterations); above 1 (or with minibatches)
-    the samples go stale, and the k3 term acts on them as 38 says.
+50. An upper clip that may differ from the lower one (--clip-coef-high, DAPO's clip-higher).
+51. --update-epochs passes over each batch (GRPO's mu, TRL's num_iterations); above 1 (or with minibatches)
+    the samples go stale, and the k3 term acts on them as 49 says.
+52. --eval-split validation: a fixed eighth of the training prompts set aside for tuning, never trained on.
 """
 
 import copy
@@ -115,19 +116,19 @@ class Args:
     total_episodes: int = 10_000  # responses sampled during training
     batch_size: int = 64  # responses per iteration: batch_size / num_generations prompts
     num_generations: int = 8  # G, the responses sampled for each prompt (a group)
-    update_epochs: int = 1  # detail 40: passes over each batch (GRPO's mu, TRL's num_iterations)
+    update_epochs: int = 1  # detail 51: passes over each batch (GRPO's mu, TRL's num_iterations)
     num_minibatches: int = 1  # minibatches (optimizer steps) per batch and pass
     gradient_accumulation_steps: int = 4  # micro-batches per minibatch, their gradients accumulated
     local_rollout_forward_batch_size: int = 16  # responses per reference and reward pass
     learning_rate: float = 2e-5  # the learning rate of Adam
     anneal_lr: bool = True  # anneal the learning rate linearly to 0
-    advantage: Literal["grpo", "rloo"] = "grpo"  # detail 36: the group's baseline, or RLOO's leave-one-out
+    advantage: Literal["grpo", "rloo"] = "grpo"  # detail 47: the group's baseline, or RLOO's leave-one-out
     scale_rewards: Literal["group", "none"] = "group"  # divide by the group's std (none: Dr. GRPO; not RLOO)
     loss_type: Literal["grpo", "dapo", "dr_grpo"] = "grpo"  # how token losses become one (see above)
     clip_coef: float = 0.2  # the surrogate clipping coefficient (the lower clip: 1 - clip_coef)
-    clip_coef_high: float | None = None  # detail 39: the upper clip is 1 + this (None: clip_coef; DAPO: 0.28)
+    clip_coef_high: float | None = None  # detail 50: the upper clip is 1 + this (None: clip_coef; DAPO: 0.28)
     beta: float = 0.04  # coefficient of the k3 KL in the loss (0: no reference model)
-    use_bias_correction_kl: bool = False  # detail 38: the k3 term times the ratio pi / pi_old (TRL's flag)
+    use_bias_correction_kl: bool = False  # detail 49: the k3 term times the ratio pi / pi_old (TRL's flag)
     max_grad_norm: float = 1.0  # the maximum norm of the global gradient
     missing_eos_penalty: float | None = -1.0  # the score of a response without the stop token (None: off)
 
@@ -146,7 +147,7 @@ class Args:
 
 
 def query_batches(prompts: list[str], tokenizer, args: Args, device: torch.device):
-    """details 1, 35: batches of args.batch_size queries: prompts_per_batch prompts, one shuffled pass over
+    """details 1, 46: batches of args.batch_size queries: prompts_per_batch prompts, one shuffled pass over
     the prompts after another, each prompt repeated num_generations times in a row (a group)."""
     rng, indices = random.Random(args.seed), []  # the same draws in every process
     while True:
@@ -266,7 +267,7 @@ def truncate_after_stop_token(responses: torch.Tensor, stop_token_id: int, pad_t
 
 
 def group_advantages(scores: torch.Tensor, num_generations: int, scale_rewards: str, advantage: str = "grpo"):
-    """detail 36: each response's score minus the mean of its group (num_generations consecutive responses),
+    """detail 47: each response's score minus the mean of its group (num_generations consecutive responses),
     divided by the group's std (unbiased) + 1e-4 unless scale_rewards is "none"; or (rloo) minus the mean of
     the group's other scores, no std. Returns the advantages (batch,) and, per group, whether all its scores
     are equal (those groups get advantage 0 exactly)."""
@@ -281,7 +282,7 @@ def group_advantages(scores: torch.Tensor, num_generations: int, scale_rewards: 
 
 
 def policy_loss(newlogprob, logprobs, advantages, clip_coef: float, clip_coef_high: float):
-    """details 8, 39: the clipped surrogate per token, as a loss to minimize, with the response's advantage on
+    """details 8, 50: the clipped surrogate per token, as a loss to minimize, with the response's advantage on
     each of its tokens (advantages: (batch,)). Returns (pg_loss per token, ratio, logratio)."""
     logratio = newlogprob - logprobs
     ratio = logratio.exp()
@@ -291,7 +292,7 @@ def policy_loss(newlogprob, logprobs, advantages, clip_coef: float, clip_coef_hi
 
 
 def k3_kl(newlogprob, ref_logprobs, ratio=None) -> torch.Tensor:
-    """detail 38: the k3 estimate of KL(pi || pi_ref) per token, (q - 1) - log q with q = pi_ref / pi of the
+    """detail 49: the k3 estimate of KL(pi || pi_ref) per token, (q - 1) - log q with q = pi_ref / pi of the
     sampled token: never negative, and its gradient is (1 - q) grad log pi, which pulls pi toward pi_ref.
     With the ratio pi / pi_old (--use-bias-correction-kl, not detached): times it, gradient -ratio log q."""
     logr = ref_logprobs - newlogprob
@@ -301,7 +302,7 @@ def k3_kl(newlogprob, ref_logprobs, ratio=None) -> torch.Tensor:
 
 def aggregate(token_loss, response_mask, loss_type: str, num_responses: int, num_tokens,
               response_length: int):
-    """detail 37: these responses' share of the loss of a minibatch of num_responses responses and num_tokens
+    """detail 48: these responses' share of the loss of a minibatch of num_responses responses and num_tokens
     real tokens (its micro-batches' shares add up to it), padding left out; the docstring says the weights."""
     token_loss = torch.where(response_mask, token_loss, 0.0)
     if loss_type == "grpo":
@@ -332,9 +333,9 @@ def main(args: Args) -> dict:
     run_dir = os.path.join(args.runs_dir, f"{args.exp_name}__{args.seed}__{int(time.time())}")
     prompts, eval_prompts = load_prompts(args)  # training, held-out; the loading functions are below main()
     tokenizer, pad_token_id, stop_token_id = load_tokenizer(args.model_name, args.stop_token)
-    query_iter = query_batches(prompts, tokenizer, args, device)  # details 1, 35
+    query_iter = query_batches(prompts, tokenizer, args, device)  # details 1, 46
     policy = load_policy(args.model_name, device)
-    # detail 38: the frozen reference (the initial policy) only where the loss has a KL term
+    # detail 49: the frozen reference (the initial policy) only where the loss has a KL term
     ref_policy = copy.deepcopy(policy).requires_grad_(False) if args.beta > 0 else None
     reward_fn = load_reward_fn(args, device)
     # detail 3: Adam (eps 1e-5) over the policy, the only trained model; fused: one in-place kernel a tensor
@@ -367,7 +368,7 @@ def main(args: Args) -> dict:
             real_responses = responses.masked_fill(~response_mask, 0)  # detail 23: pad ids may be outside
             query_responses = torch.cat([queries, responses], dim=1)
             ref_logprobs = None
-            if ref_policy is not None:  # detail 38
+            if ref_policy is not None:  # detail 49
                 with torch.inference_mode():  # in chunks, so that no pass holds batch x length x vocab floats
                     ref_logprobs = []
                     for i in range(0, args.local_batch_size, args.local_rollout_forward_batch_size):
@@ -382,19 +383,19 @@ def main(args: Args) -> dict:
             scores = raw_scores  # raw: the group is the baseline and the scale (no detail 31)
             if args.missing_eos_penalty is not None:  # detail 30: the EOS trick
                 scores = raw_scores.masked_fill(~contain_stop, args.missing_eos_penalty)
-            # detail 36: the group-relative advantage of each response
+            # detail 47: the group-relative advantage of each response
             advantages, all_equal = group_advantages(scores, args.num_generations, args.scale_rewards,
                                                      args.advantage)
 
             # 4. update
             update_start = time.time()
             update_stats = {}  # for each debug variable, one tensor per micro-batch; averaged in 5.
-            for epoch in range(args.update_epochs):  # detail 40
+            for epoch in range(args.update_epochs):  # detail 51
                 b_inds = torch.randperm(args.local_batch_size, device=device)
                 for start in range(0, args.local_batch_size, args.minibatch_size):  # detail 6
                     mb_inds = b_inds[start : start + args.minibatch_size]
                     # torchrun: N this process's minibatch_size, T the processes' mean: DDP's mean of their
-                    # gradients is then the gradient of the whole minibatch's loss (detail 37)
+                    # gradients is then the gradient of the whole minibatch's loss (detail 48)
                     minibatch_tokens = all_sum(response_mask[mb_inds].sum()) / args.world_size
                     minibatch_losses = {}  # the minibatch's losses: the sums of its micro-batches' shares
                     for micro_start in range(0, args.minibatch_size, args.micro_batch_size):
@@ -408,10 +409,10 @@ def main(args: Args) -> dict:
                         token_pg_loss, ratio, logratio = policy_loss(newlogprob, logprobs[micro_inds],
                                                                      advantages[micro_inds], args.clip_coef,
                                                                      args.clip_coef_high)
-                        # detail 37: this micro-batch's share of the minibatch's loss
+                        # detail 48: this micro-batch's share of the minibatch's loss
                         sizes = (args.loss_type, args.minibatch_size, minibatch_tokens, args.response_length)
                         losses = {"policy_loss": aggregate(token_pg_loss, micro_mask, *sizes)}
-                        if ref_logprobs is not None:  # detail 38: the KL to the reference, in the loss
+                        if ref_logprobs is not None:  # detail 49: the KL to the reference, in the loss
                             kl = k3_kl(newlogprob, ref_logprobs[micro_inds],
                                        ratio if args.use_bias_correction_kl else None)
                             losses["kl"] = aggregate(kl, micro_mask, *sizes)
@@ -655,7 +656,7 @@ def check_args(args: Args) -> None:
         raise SystemExit(f"error: --num-iterations is computed (--total-episodes / --batch-size); the passes "
                          f"over each batch (TRL's num_iterations) are --update-epochs {args.num_iterations}")
     args.num_iterations = args.total_episodes // args.batch_size
-    if args.clip_coef_high is None:  # detail 39: a symmetric clip unless asked
+    if args.clip_coef_high is None:  # detail 50: a symmetric clip unless asked
         args.clip_coef_high = args.clip_coef
     if not args.stop_token:
         raise SystemExit("error: --stop-token must be `eos` or a single-token string such as `.`")
@@ -891,7 +892,7 @@ def verify_sum(text: str, response: str) -> float:
 def arithmetic_problems(digits: int, held_out: bool, validation: bool = False) -> list[str]:
     """The prompts of --reward-model arithmetic: every sum of two numbers of `digits` digits, split once by a
     fixed seed (whatever --seed) into training and held-out problems; a + b and b + a on the same side. An
-    eighth of the training pairs (fixed too) is the validation split (detail 41): validation=True gives it,
+    eighth of the training pairs (fixed too) is the validation split (detail 52): validation=True gives it,
     held_out=False with validation=False the training problems including it."""
     numbers = range(0 if digits == 1 else 10 ** (digits - 1), 10**digits)
     pairs = [(a, b) for a in numbers for b in numbers if a <= b]
@@ -903,7 +904,7 @@ def arithmetic_problems(digits: int, held_out: bool, validation: bool = False) -
 
 
 def load_prompts(args: Args) -> tuple[list[str], list[str]]:
-    """The training prompts and the evaluated ones: the held-out ones, or (--eval-split validation, detail 41)
+    """The training prompts and the evaluated ones: the held-out ones, or (--eval-split validation, detail 52)
     a fixed slice of the training ones, then left out of training."""
     if args.reward_model == "arithmetic":
         prompts = arithmetic_problems(args.arithmetic_digits, held_out=False)
