@@ -56,8 +56,7 @@ Implementation details, numbered as in ppo_rlhf_gpt2.py where they are the same 
     the k3 term alone drives the step. --use-bias-correction-kl: ratio * log(pi / pi_ref) in its place.
 50. An upper clip that may differ from the lower one (--clip-coef-high, DAPO's clip-higher).
 51. --update-epochs passes over each batch (GRPO's mu, TRL's num_iterations); above 1 (or with minibatches)
-    the samples go stale, and the k3 term acts on them as 49 says.
-52. --eval-split validation: a fixed eighth of the training prompts set aside for tuning, never trained on.
+    the samples go stale, and the k3 term acts on them as 49 says.  52. A validation split (--eval-split).
 """
 
 import copy
