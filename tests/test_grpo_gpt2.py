@@ -917,3 +917,20 @@ def test_torchrun_bad_flags_fail_in_every_process_with_one_message(tiny, tmp_pat
     monkeypatch.setenv("RANK", "0")
     if "eval_checkpoint" not in overrides:
         grpo.check_args(tiny_args(tiny, tmp_path, **overrides))
+
+
+def test_clip_coef_high_reaches_the_loss_and_the_logged_clipfrac_through_main(tiny, tmp_path, monkeypatch):
+    """--clip-coef 0.1 --clip-coef-high 0.5 (detail 50): main() hands both bounds to the loss and to the debug
+    variables whose clipfrac is logged, at every micro-batch; without --clip-coef-high both get 0.1 twice."""
+    seen = {"policy_loss": [], "debug_variables": []}
+    for name in seen:
+        real = getattr(grpo, name)
+        monkeypatch.setattr(grpo, name, lambda *a, _real=real, _name=name: seen[_name].append(a[-2:]) or _real(*a))
+    grpo.main(tiny_args(tiny, tmp_path, reward_model="length", missing_eos_penalty=None, clip_coef=0.1,
+                        clip_coef_high=0.5, update_epochs=2))
+    for name, calls in seen.items():
+        assert len(calls) == 2 * 2 and set(calls) == {(0.1, 0.5)}, (name, calls)  # 2 iterations x 2 passes
+    seen = {"policy_loss": [], "debug_variables": []}
+    grpo.main(tiny_args(tiny, tmp_path / "symmetric", reward_model="length", missing_eos_penalty=None,
+                        clip_coef=0.1))
+    assert all(set(calls) == {(0.1, 0.1)} for calls in seen.values())

@@ -73,4 +73,7 @@ MUTANTS = [
      '    with torch.no_grad():',
      'grpo',
      'tests/test_random_streams.py'),
+    # a flag through main(): survived every test of this file before
+    ("--clip-coef-high left out of the logged clip fractions",
+     "micro_mask, args.clip_coef, args.clip_coef_high)", "micro_mask, args.clip_coef, args.clip_coef)"),
 ]
