@@ -381,7 +381,7 @@ def split_comparisons(prompts: list[str], eval_fraction: float, seed: int) -> tu
     """detail 39: (training, held-out) indices of the comparisons whose prompts are given, split by prompt:
     the eval_fraction of the distinct prompts (at least one) with the smallest seeded keys is held out with
     all its comparisons. A prompt's key depends on the seed and its text only: files with the same prompts (a
-    file and its first lines, most often) hold out the same ones. reward_model_gpt2.py's, line for line."""
+    file and its first lines, most often) hold out the same ones."""
     distinct = sorted(set(prompts), key=lambda p: (random.Random(f"{seed} {p}").random(), p))
     held_out = set(distinct[: max(1, round(eval_fraction * len(distinct)))])
     return ([i for i, p in enumerate(prompts) if p not in held_out],
@@ -409,8 +409,8 @@ def generate(policy, queries: torch.Tensor, response_length: int, temperature: f
 def truncate_after_stop_token(responses: torch.Tensor, stop_token_id: int, pad_token_id: int,
                               min_response_length: int = 0):
     """detail 29: keep each response up to and including its first stop token at index min_response_length
-    or later, and pad what follows. Returns the truncated responses, the mask of their real tokens and
-    whether each one stopped."""
+    or later, and pad what follows. Returns the truncated responses, the response mask (True on the real
+    tokens: up to and including that stop token) and whether each response contains such a stop token."""
     is_stop = responses == stop_token_id
     is_stop[:, :min_response_length] = False  # too early to end the response
     contain_stop = is_stop.any(dim=1)

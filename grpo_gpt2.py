@@ -891,7 +891,7 @@ def verify_sum(text: str, response: str) -> float:
 def arithmetic_problems(digits: int, held_out: bool, validation: bool = False) -> list[str]:
     """The prompts of --reward-model arithmetic: every sum of two numbers of `digits` digits, split once by a
     fixed seed (whatever --seed) into training and held-out problems; a + b and b + a on the same side. An
-    eighth of the training pairs (fixed too) is the validation split (detail 52): validation=True gives it,
+    eighth of the training pairs (fixed too) is the validation split: validation=True gives it,
     held_out=False with validation=False the training problems including it."""
     numbers = range(0 if digits == 1 else 10 ** (digits - 1), 10**digits)
     pairs = [(a, b) for a in numbers for b in numbers if a <= b]
@@ -903,8 +903,8 @@ def arithmetic_problems(digits: int, held_out: bool, validation: bool = False) -
 
 
 def load_prompts(args: Args) -> tuple[list[str], list[str]]:
-    """The training prompts and the evaluated ones: the held-out ones, or (--eval-split validation, detail 52)
-    a fixed slice of the training ones, then left out of training."""
+    """The training prompts and the evaluated ones: the held-out ones, or (--eval-split validation) a fixed
+    slice of the training ones, then left out of training."""
     if args.reward_model == "arithmetic":
         prompts = arithmetic_problems(args.arithmetic_digits, held_out=False)
         eval_prompts = arithmetic_problems(args.arithmetic_digits, held_out=True)
