@@ -16,6 +16,7 @@ seconds are its own (os.wait4); runs go side by side, --jobs at a time, so that 
 Subcommands:
     python experiments/ppo_vs_grpo.py tune --jobs 2            # GRIDS, on the validation split, one seed
     python experiments/ppo_vs_grpo.py run --tuned --seeds 7 8 9 10 11 12 --jobs 2   # the rule's choices
+    python experiments/ppo_vs_grpo.py run --tuned --equal-cpu --seeds 7 8 9 10 11 12   # at PPO's time
     python experiments/ppo_vs_grpo.py tune --earlier-grid --jobs 2    # TUNING, the earlier grid of GRPO and RLOO
     python experiments/ppo_vs_grpo.py run --methods ppo grpo_tuned rloo --seeds 1 2 3 4 5 6 --jobs 2
     python experiments/ppo_vs_grpo.py report [--earlier docs/results/ppo_vs_grpo_earlier.json]
@@ -64,7 +65,9 @@ METHODS = {
 }
 LABELS = {"ppo": "PPO", "grpo": "GRPO", "dr_grpo": "Dr. GRPO", "grpo_ppo_update": "GRPO, PPO's update",
           "grpo_tuned": "GRPO, tuned schedule", "rloo": "RLOO", "tuned_ppo": "PPO, tuned",
-          "tuned_grpo": "GRPO, tuned", "tuned_rloo": "RLOO, tuned"}
+          "tuned_grpo": "GRPO, tuned", "tuned_rloo": "RLOO, tuned",
+          "tuned_grpo_equal_cpu": "GRPO, tuned, PPO's training time", "tuned_rloo_equal_cpu": "RLOO, tuned, "
+          "PPO's training time"}
 # The tuning runs: one seed (100, not one of the comparison's), 512 completions, scored on 256 problems set aside
 # from the TRAINING problems (--eval-split validation), never on the held-out ones. S: optimizer steps a batch.
 # The rule: among the GRPO runs the highest validation accuracy after 512 completions becomes grpo_tuned, among
@@ -102,6 +105,21 @@ GRIDS = {
 }
 PROTOCOL_TUNING = {f"{method} {setting}": flags for method, grid in GRIDS.items() for setting, flags in grid.items()}
 SEEDS = (7, 8, 9, 10, 11, 12)
+# At equal training time: each critic-free method's chosen setting again, with as many completions as its training
+# seconds per completion (at 512) buy in tuned PPO's mean training seconds at 512, in whole batches of 64
+# (`run --tuned --equal-cpu`, after the runs at 512 completions are recorded).
+EQUAL_CPU = ("tuned_grpo", "tuned_rloo")
+
+
+def equal_cpu_completions(methods: dict, completions: int = 512, batch_size: int = 64) -> dict[str, int]:
+    """{<method>_equal_cpu: completions} from summarize()'s runs at `completions` of tuned_ppo and EQUAL_CPU."""
+    ppo = float(np.mean([run["train_s"] for run in methods["tuned_ppo"]]))
+    out = {}
+    for method in EQUAL_CPU:
+        if method in methods:
+            per_completion = float(np.mean([run["train_s"] for run in methods[method]])) / completions
+            out[f"{method}_equal_cpu"] = int(ppo / per_completion // batch_size * batch_size)
+    return out
 
 
 def tuned_methods(tuning: list[dict]) -> dict[str, str]:
@@ -212,7 +230,7 @@ def last_mean(scalars: dict, tag: str, last: int) -> float:
 def summarize(records: list[dict], scalars_of) -> dict:
     """Per method: the runs' curves and end-of-run measures, seed by seed."""
     methods = {}
-    order = [*METHODS, "tuned_ppo", "tuned_grpo", "tuned_rloo"]
+    order = [*METHODS, "tuned_ppo", "tuned_grpo", "tuned_rloo", *(f"{m}_equal_cpu" for m in EQUAL_CPU)]
     for record in sorted(records, key=lambda r: (order.index(r["method"]), r["seed"])):
         scalars = scalars_of(record["run_dir"])
         curves = run_curves(scalars, 64)
@@ -276,6 +294,8 @@ def mean_cell(values) -> str:
 def write_report(methods: dict, out: Path, tuning: list[dict] = ()) -> str:
     """The page: accuracy per seed and its mean, cost, differences to the same sitting's PPO, the tuning runs
     and every command. Keys `earlier:<method>` are an earlier sitting's runs (not in the figure)."""
+    equal = {k: v for k, v in methods.items() if k.endswith("_equal_cpu")}  # their own table, below
+    methods = {k: v for k, v in methods.items() if k not in equal}
     runs = [run for key, seeds in methods.items() if not key.startswith("earlier:") for run in seeds]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for i, (method, seeds) in enumerate((k, v) for k, v in methods.items() if not k.startswith("earlier:")):
@@ -353,7 +373,42 @@ def write_report(methods: dict, out: Path, tuning: list[dict] = ()) -> str:
             d, h = difference_interval([r["accuracy"][i] for r in seeds], [r["accuracy"][i] for r in ppo])
             cells.append(f"{d:+.1%} ± {h:.1%}" if min(len(seeds), len(ppo)) >= 3 else f"{d:+.1%}")
         lines.append(f"| {label(method)} | " + " | ".join(cells) + " |")
-    if tuning:
+    if equal and "tuned_ppo" in methods:
+        ppo = methods["tuned_ppo"]
+        lines += ["", "## At tuned PPO's training time (its 512 completions; the accuracy at each run's end, minus "
+                  "tuned PPO's at 512, 95% Welch interval)", "",
+                  "| method | completions | training minutes | accuracy at the end | minus tuned PPO |",
+                  "|---|---|---|---|---|",
+                  f"| {label('tuned_ppo')} | {ppo[0]['completions'][-1]} | "
+                  f"{np.mean([r['train_s'] for r in ppo]) / 60:.1f} | "
+                  f"{mean_cell([r['accuracy'][-1] for r in ppo])} | |"]
+        for method, seeds in equal.items():
+            d, h = difference_interval([r["accuracy"][-1] for r in seeds], [r["accuracy"][-1] for r in ppo])
+            lines.append(f"| {label(method)} | {seeds[0]['completions'][-1]} | "
+                         f"{np.mean([r['train_s'] for r in seeds]) / 60:.1f} | "
+                         f"{mean_cell([r['accuracy'][-1] for r in seeds])} | {d:+.1%} ± {h:.1%} |")
+    if tuning and all(row["name"] in PROTOCOL_TUNING for row in tuning):  # the protocol's grids
+        chosen = set()
+        for method, grid in GRIDS.items():
+            rows = {row["name"][len(method) + 1 :]: row for row in tuning if row["name"].startswith(method + " ")}
+            if set(rows) == set(grid):
+                chosen.add(f"{method} " + protocol.choose({k: r["final"] for k, r in rows.items()},
+                                                          {k: r["cpu_s"] for k, r in rows.items()}))
+        lines += ["", "## Tuning by the protocol (experiments/protocol.py; validation split, seed 100, 512 "
+                  "completions)", "", f"Each method's grid of {protocol.MIN_RUNS} settings, stated before the first "
+                  "run (GRIDS), scored on 256 problems set aside from the training problems; the rule: the highest "
+                  "validation accuracy after 512 completions, the cheapest (CPU minutes) within 1 point. Tuning CPU "
+                  "minutes, each method's runs together: " + ", ".join(
+                      f"{m} {sum(r['cpu_s'] or 0.0 for r in tuning if r['name'].startswith(m + ' ')) / 60:.1f}"
+                      for m in GRIDS) + ".", "",
+                  "| run | validation accuracy before | after | KL at the end (nats) | training minutes | CPU minutes "
+                  "| chosen |", "|---|---|---|---|---|---|---|"]
+        for row in tuning:
+            cpu = row["cpu_s"] / 60 if row["cpu_s"] is not None else float("nan")
+            lines.append(f"| {row['name']} | {fmt(row['initial'])} | {fmt(row['final'])} | {fmt(row['kl'], '.2f')} "
+                         f"| {fmt(row['train_s'] / 60, '.1f')} | {fmt(cpu, '.1f')} | "
+                         f"{'yes' if row['name'] in chosen else ''} |")
+    elif tuning:
         chosen = {choose(tuning, "grpo"), choose(tuning, "rloo")}
         lines += ["", "## Tuning (validation split of the training problems, seed 100, 512 completions)", "",
                   "Each run scored 256 problems set aside from the training problems (`--eval-split validation`), "
@@ -403,6 +458,8 @@ def main() -> None:
     run.add_argument("--tuned", action="store_true", help="run the protocol's chosen settings (tuned_ppo, "
                      "tuned_grpo, tuned_rloo) at --seeds, read from --tuning")
     run.add_argument("--tuning", default=RUNS + "_protocol_tuning", help="the protocol's tuning runs (--tuned)")
+    run.add_argument("--equal-cpu", action="store_true", help="with --tuned: GRPO's and RLOO's chosen settings "
+                     "for as many completions as tuned PPO's training time buys them (EQUAL_CPU)")
     tune = sub.add_parser("tune", help="the protocol's tuning runs (GRIDS), on the validation split, one seed")
     tune.add_argument("--jobs", type=int, default=2, help="runs at a time (at most one per idle core)")
     tune.add_argument("--runs", default=RUNS + "_protocol_tuning", help="runs folder and records.jsonl")
@@ -419,7 +476,15 @@ def main() -> None:
         tuning = recorded((ROOT / args.tuning).resolve() / "records.jsonl")
         chosen = tuned_methods(tuning_results(tuning, read_scalars))
         runs.mkdir(parents=True, exist_ok=True)
-        run_all(list(chosen), args.seeds, runs, args.jobs, args.common, chosen)
+        if not args.equal_cpu:
+            run_all(list(chosen), args.seeds, runs, args.jobs, args.common, chosen)
+            return
+        done = summarize([r for r in recorded(runs / "records.jsonl") if r["method"] in chosen], read_scalars)
+        if "tuned_ppo" not in done:
+            raise SystemExit("error: --equal-cpu: no run of tuned_ppo in --runs; run `run --tuned` first")
+        for method, completions in equal_cpu_completions(done).items():
+            common = args.common.replace("--total-episodes 512", f"--total-episodes {completions}")
+            run_all([method], args.seeds, runs, args.jobs, common, {method: chosen[method[: -len("_equal_cpu")]]})
     elif args.subcommand == "run":
         runs.mkdir(parents=True, exist_ok=True)
         run_all(args.methods, args.seeds, runs, args.jobs, args.common)

@@ -840,3 +840,44 @@ def test_ppo_vs_grpo_protocol_grids_and_the_rule_s_choice_by_hand():
     assert chosen == {"tuned_ppo": grids["ppo"][2], "tuned_grpo": grids["grpo"][6], "tuned_rloo": grids["rloo"][7]}
     with pytest.raises(SystemExit, match="7 of rloo's 8 tuning runs are recorded"):
         pvg.tuned_methods(rows[:-1])
+
+
+def test_ppo_vs_grpo_at_equal_training_time_and_the_protocol_s_tuning_table_by_hand(tmp_path):
+    """The completions that tuned PPO's training time buys each critic-free method, and the report's table at
+    equal training time and its tuning table by the protocol, from made-up logs worked out by hand."""
+    pvg = load("ppo_vs_grpo")
+    logs, records = {}, []
+
+    def add(method, seed, train_s, final, iterations):
+        logs[f"{method}{seed}"] = {"time/rollout": [(i, train_s / iterations) for i in range(1, iterations + 1)],
+                                   "time/update": [(i, 0.0) for i in range(1, iterations + 1)],
+                                   "eval/accuracy": [(0, 0.1), (iterations, final)]}
+        records.append({"method": method, "seed": seed, "command": f"python {method}.py --seed {seed}",
+                        "run_dir": f"{method}{seed}", "peak_rss_gb": 1.0, "wall_s": 1.0, "cpu_s": 60.0,
+                        "commit": "abc", "date": "2026-11-27"})
+
+    for seed, final in ((7, 0.6), (8, 0.7), (9, 0.8)):
+        add("tuned_ppo", seed, 800.0, final, 8)  # 8 iterations of 64: 512 completions in 800 s
+        add("tuned_grpo", seed, 200.0, final - 0.2, 8)  # 512 completions in 200 s: 2,048 in PPO's 800 s
+        add("tuned_rloo", seed, 300.0, final - 0.3, 8)  # 800 s buy 1,365 completions: 21 whole batches, 1,344
+    methods = pvg.summarize(records, logs.__getitem__)
+    assert pvg.equal_cpu_completions(methods) == {"tuned_grpo_equal_cpu": 2048, "tuned_rloo_equal_cpu": 1344}
+    for seed, final in ((7, 0.7), (8, 0.8), (9, 0.9)):
+        add("tuned_grpo_equal_cpu", seed, 800.0, final, 32)
+    tuning_logs = {}
+    tuning = []
+    for i, name in enumerate(pvg.PROTOCOL_TUNING):
+        accuracy = 0.5 + 0.02 * (i % 8) if name.startswith("ppo") else 0.4
+        tuning.append({"name": name, "command": f"python x.py --seed 100 --n {i}", "initial": 0.1,
+                       "final": accuracy, "kl": 1.0, "train_s": 60.0, "cpu_s": 120.0 + i})
+    text = pvg.write_report(pvg.summarize(records, logs.__getitem__), tmp_path / "page", tuning)
+    # tuned PPO 0.7 ± t(2) 0.1 / sqrt(3); GRPO at PPO's time 0.8: +10.0 points, Welch 2.776 * sqrt(0.02 / 3)
+    assert "| PPO, tuned | 512 | 13.3 | 70.0% ± 24.8% | |" in text
+    assert "| GRPO, tuned, PPO's training time | 2048 | 13.3 | 80.0% ± 24.8% | +10.0% ± 22.7% |" in text
+    # the protocol's table: PPO's 8th setting has the best 0.64 (the 7th's 0.62 is 2 points below); GRPO's and RLOO's tie at 0.40, the cheapest
+    # (the first of each grid, 120 + i CPU seconds) wins
+    ppo, grpo, rloo = (list(pvg.GRIDS[m]) for m in ("ppo", "grpo", "rloo"))
+    for name in (f"ppo {ppo[7]}", f"grpo {grpo[0]}", f"rloo {rloo[0]}"):
+        assert f"| {name} | 10.0% | " in text and text.split(f"| {name} |")[1].split("\n")[0].endswith("| yes |")
+    assert text.split(f"| ppo {ppo[6]} |")[1].split("\n")[0].endswith("|  |")
+    assert "Tuning CPU minutes, each method's runs together: ppo 16.5, grpo 17.5, rloo 18.6." in text
