@@ -639,19 +639,25 @@ def main(args: Args) -> dict:
 
 @torch.inference_mode()
 def evaluate(policy, eval_prompts, tokenizer, stop_token_id: int, reward_fn, args: Args, device,
-             greedy=False) -> dict:
+             greedy=False, reference=None) -> dict:
     """Sample args.eval_episodes responses to the held-out prompts (never trained on) with the training
     temperature and truncation (or greedy), and score them with the reward model, raw (no normalization, no
-    EOS trick). The random draws come from their own generator state: evaluating does not change training."""
+    EOS trick). The random draws come from their own generator state: evaluating does not change training.
+    With a reference model, each response's KL to it too (k1: log pi - log pi_ref summed over its tokens)."""
     prompts = [eval_prompts[i % len(eval_prompts)] for i in range(args.eval_episodes)]
-    raw_scores, contain_stop, samples = [], [], []
+    raw_scores, contain_stop, samples, kls = [], [], [], []
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(args.seed)
         for i in range(0, len(prompts), args.local_batch_size):
             batch = prompts[i : i + args.local_batch_size]
             queries = tokenize_queries(tokenizer, batch, args.max_query_length, device)
-            responses, _, _, stopped, batch_raw_scores = sample_and_score(
+            responses, logprobs, response_mask, stopped, batch_raw_scores = sample_and_score(
                 policy, queries, tokenizer, stop_token_id, reward_fn, args, greedy)
+            if reference is not None:
+                logits = response_logits(reference, torch.cat([queries, responses], 1), queries.shape[1],
+                                         args.temperature, tokenizer.pad_token_id)
+                ref_logprobs = gather_logprobs(logits, responses.masked_fill(~response_mask, 0))
+                kls += ((logprobs - ref_logprobs) * response_mask).sum(1).tolist()
             raw_scores.append(batch_raw_scores)
             contain_stop.append(stopped)
             samples += list(zip(batch, tokenizer.batch_decode(responses, skip_special_tokens=True)))
@@ -670,6 +676,12 @@ def evaluate(policy, eval_prompts, tokenizer, stop_token_id: int, reward_fn, arg
               "prompts": len(per_prompt)}
     prompt_means = torch.tensor([sum(scores) / len(scores) for scores in per_prompt.values()])
     result["raw_score_mean"], result["raw_score_stderr"] = mean_and_stderr(prompt_means)
+    if kls:
+        per_prompt_kl = {}
+        for (prompt, _), kl in zip(samples, kls):
+            per_prompt_kl.setdefault(prompt, []).append(kl)
+        result["kl_mean"], result["kl_stderr"] = mean_and_stderr(torch.tensor(
+            [sum(v) / len(v) for v in per_prompt_kl.values()]))
     if args.reward_model == "arithmetic":
         right = torch.tensor([sum(s > 0 for s in scores) / len(scores) for scores in per_prompt.values()])
         result["accuracy"], result["accuracy_stderr"] = mean_and_stderr(right)
@@ -694,19 +706,37 @@ def evaluate_checkpoint(args: Args, device: torch.device) -> dict:
     use_saved_sampling(args)  # the sampling settings saved with the policy, not the command's
     tokenizer, _, stop_token_id = load_tokenizer(args.eval_checkpoint, args.stop_token, "--eval-checkpoint")
     policy = load_policy(args.eval_checkpoint, device, "--eval-checkpoint")
+    reference, start = starting_model(args, device)
     eval_stats = {}
     for greedy in [False, True] if args.eval_greedy else [False]:
         eval_prompts = load_prompts(args)[1]
         result = evaluate(policy, eval_prompts, tokenizer, stop_token_id, load_reward_fn(args, device), args,
-                          device, greedy)
+                          device, greedy, reference)
         accuracy = f", accuracy {result['accuracy']:.1%} +- {result['accuracy_stderr']:.1%}" if (
             "accuracy" in result) else ""
+        kl = (f", KL to {start} {result['kl_mean']:.3f} +- {result['kl_stderr']:.3f} nats per response"
+              if "kl_mean" in result else f", no KL ({start})")
+        split = "validation" if args.eval_split == "validation" else "held-out"
+        where = f"{split} sums" if args.reward_model == "arithmetic" else f"{split} prompts"
         print(f"{args.eval_checkpoint}{' (greedy)' if greedy else ''}: raw score "
               f"{result['raw_score_mean']:.4f} +- {result['raw_score_stderr']:.4f} over {args.eval_episodes} "
-              f"responses (standard errors over {result['prompts']} prompts), "
-              f"{result['stop_share']:.0%} with the stop token{accuracy}")
+              f"responses to {result['prompts']} {where} (standard errors over them), "
+              f"{result['stop_share']:.0%} with the stop token{accuracy}{kl}")
         eval_stats["final_greedy" if greedy else "final"] = result
     return {"eval": eval_stats}
+
+
+def starting_model(args: Args, device: torch.device):
+    """--eval-checkpoint: the model the policy was trained from (named in its sampling.json), to measure the
+    KL against; (None, why) if the folder does not name one or it cannot be loaded."""
+    path = os.path.join(os.path.expanduser(args.eval_checkpoint), "sampling.json")
+    name = json.load(open(path)).get("model_name") if os.path.isfile(path) else None
+    if name is None:
+        return None, "the starting model is not named in its sampling.json"
+    try:
+        return load_policy(name, device, "the starting model"), name
+    except SystemExit:
+        return None, f"the starting model {name} cannot be loaded here"
 
 
 def check_args(args: Args) -> None:
@@ -984,7 +1014,7 @@ def save_policy(policy: nn.Module, model_name: str, path: str, args: Args | None
     tokenizer.save_pretrained(path)
     if args is not None:
         with open(os.path.join(path, "sampling.json"), "w") as f:
-            json.dump({name: getattr(args, name) for name in SAMPLING}, f)
+            json.dump({**{name: getattr(args, name) for name in SAMPLING}, "model_name": model_name}, f)
 
 
 def use_saved_sampling(args: Args) -> None:

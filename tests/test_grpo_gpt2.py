@@ -661,7 +661,7 @@ def test_arithmetic_evaluation_counts_problems_and_the_checkpoint_reevaluates(ti
     again = grpo.main(tiny_args(tiny, tmp_path / "again", eval_checkpoint=str(Path(stats["run_dir"]) / "model"),
                                 **common))
     assert again["eval"]["final"]["samples"] == final["samples"]
-    assert "(standard errors over 24 prompts)" in capsys.readouterr().out
+    assert "responses to 24 held-out sums (standard errors over them)" in capsys.readouterr().out
 
 
 def test_ctrl_c_keeps_logs_and_saves(tiny, tmp_path, monkeypatch):
@@ -757,7 +757,7 @@ def test_eval_checkpoint_samples_with_the_settings_saved_with_the_policy(tiny, t
                    max_query_length=12)
     stats = grpo.main(tiny_args(tiny, tmp_path / "train", save_model=True, eval_episodes=6, **trained))
     model_dir = Path(stats["run_dir"]) / "model"
-    assert json.loads((model_dir / "sampling.json").read_text()) == trained
+    assert json.loads((model_dir / "sampling.json").read_text()) == {**trained, "model_name": tiny["policy"]}
     capsys.readouterr()
     again = grpo.main(tiny_args(tiny, tmp_path / "eval", eval_checkpoint=str(model_dir), eval_episodes=6))
     final = stats["eval"]["final"]

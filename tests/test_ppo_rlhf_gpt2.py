@@ -1552,9 +1552,10 @@ def test_eval_checkpoint_samples_with_the_settings_saved_with_the_policy(tiny, t
     responses and scores as the training run's own final evaluation), and says which flags it overrode."""
     trained = dict(response_length=5, min_response_length=2, temperature=1.3, stop_token="eos",
                    max_query_length=12)
-    stats = rlhf.main(tiny_args(tiny, tmp_path / "train", save_model=True, eval_episodes=6, **trained))
+    stats = rlhf.main(tiny_args(tiny, tmp_path / "train", save_model=True, eval_episodes=6, learning_rate=3e-3,
+                                **trained))
     model_dir = Path(stats["run_dir"]) / "model"
-    assert json.loads((model_dir / "sampling.json").read_text()) == trained
+    assert json.loads((model_dir / "sampling.json").read_text()) == {**trained, "model_name": tiny["policy"]}
     capsys.readouterr()
     again = rlhf.main(tiny_args(tiny, tmp_path / "eval", eval_checkpoint=str(model_dir), eval_episodes=6))
     final = stats["eval"]["final"]
@@ -1564,6 +1565,20 @@ def test_eval_checkpoint_samples_with_the_settings_saved_with_the_policy(tiny, t
     for flag, value in [("--response-length", 5), ("--temperature", 1.3), ("--stop-token", "eos"),
                         ("--min-response-length", 2), ("--max-query-length", 12)]:
         assert f"{flag} {value}, as saved with the policy" in printed
+    # the KL to the starting model its sampling.json names, and which prompts were scored
+    assert f"responses to 6 held-out prompts (standard errors over them)" in printed
+    assert f"KL to {tiny['policy']} {again['eval']['final']['kl_mean']:.3f} +- " in printed
+    # the starting model saved as a policy of its own: its KL to itself is 0 (up to the sampling pass's rounding)
+    start = tmp_path / "start"
+    rlhf.save_policy(rlhf.load_policy(tiny["policy"], torch.device("cpu")), tiny["policy"], str(start),
+                     rlhf.Args(**trained))
+    itself = rlhf.main(tiny_args(tiny, tmp_path / "itself", eval_checkpoint=str(start), eval_episodes=6))
+    # (the trained policy's, a k1 mean over 6 responses of a small move, may have either sign, not 0)
+    assert abs(itself["eval"]["final"]["kl_mean"]) < 1e-4 < abs(again["eval"]["final"]["kl_mean"])
+    json.dump(trained, open(start / "sampling.json", "w"))  # an older folder: no starting model named
+    capsys.readouterr()
+    rlhf.main(tiny_args(tiny, tmp_path / "older", eval_checkpoint=str(start), eval_episodes=6))
+    assert "no KL (the starting model is not named in its sampling.json)" in capsys.readouterr().out
     (model_dir / "sampling.json").write_text("{not json")
     with pytest.raises(SystemExit, match="--eval-checkpoint .*: not a policy saved by --save-model"):
         rlhf.main(tiny_args(tiny, tmp_path / "bad", eval_checkpoint=str(model_dir)))
