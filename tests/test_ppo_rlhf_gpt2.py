@@ -1115,8 +1115,11 @@ import torch, tyro
 sys.path.insert(0, {repo!r})
 import ppo_rlhf_gpt2 as rlhf
 
+draws = []  # this process's next draw from the global stream at each sampling: processes must draw apart
+
 @torch.inference_mode()
 def generate(policy, queries, response_length, temperature, pad_token_id, greedy=False):
+    draws.append(torch.rand(1).item())
     rows = []
     for query in queries.tolist():
         generator = torch.Generator().manual_seed(abs(hash(tuple(query))) % 2**31)
@@ -1138,6 +1141,8 @@ args = tyro.cli(rlhf.Args)
 rlhf.main(args)
 with open(os.path.join(args.runs_dir, "..", f"grad_norms_{{args.rank}}.json"), "w") as f:
     json.dump(norms, f)
+with open(os.path.join(args.runs_dir, "..", f"draws_{{args.rank}}.json"), "w") as f:
+    json.dump(draws, f)
 '''
 
 
@@ -1194,6 +1199,9 @@ def test_torchrun_two_processes_make_the_update_of_one_process(torchrun_case):
                                                           "two/grad_norms_1.json")]
     assert len(norms[0]) == 2 and norms[0][0] > 0
     assert norms[1] == pytest.approx(norms[0], rel=1e-4) and norms[2] == pytest.approx(norms[0], rel=1e-4)
+    # each process samples from its own random stream (seed + rank), not a copy of the other's
+    draws = [json.loads((root / "two" / f"draws_{rank}.json").read_text()) for rank in (0, 1)]
+    assert len(draws[0]) == len(draws[1]) >= 1 and draws[0][0] != draws[1][0]
     # the logged statistics of the rollout are over both processes' responses
     scalars = {name: read_scalars(d) for name, d in run_dirs.items()}
     for tag in ("objective/scores", "objective/raw_scores", "charts/episodic_length", "val/num_eos_tokens",

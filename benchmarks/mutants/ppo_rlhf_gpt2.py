@@ -263,4 +263,8 @@ MUTANTS = [
     ("issue48: a reward-model folder with an end token but no reward_readout read with the mean readout",
      'mean_readout = getattr(reward_model.config, "reward_readout", None) == "mean"',
      'mean_readout = getattr(reward_model.config, "reward_readout", "mean") == "mean"'),
+    # several processes: each must draw from its own stream (the torchrun test records each one's draws)
+    ("torchrun: every process seeded alike, its draws a copy of the others'",
+     "    torch.manual_seed(args.seed + args.rank)  # torchrun: each process samples its own responses",
+     "    torch.manual_seed(args.seed)  # torchrun: each process samples its own responses", "torchrun_two"),
 ]
