@@ -231,8 +231,8 @@ def logps_in_chunks(model, tokenizer, comparisons: list[dict], args: Args, devic
 
 
 @torch.no_grad()
-def evaluate(policy, tokenizer, comparisons: list[dict], ref_logps: torch.Tensor | None, args: Args,
-             device) -> tuple[dict, torch.Tensor]:
+def evaluate_comparisons(policy, tokenizer, comparisons: list[dict], ref_logps: torch.Tensor | None,
+                         args: Args, device) -> tuple[dict, torch.Tensor]:
     """The held-out comparisons: the implicit reward's accuracy with its standard error over prompts (detail
     43), the loss, and each comparison's margin beta * (chosen_logratios - rejected_logratios); and the
     policy's log-probs (as logps_in_chunks), which are the reference's where ref_logps is None (step 0)."""
@@ -289,7 +289,7 @@ def main(args: Args) -> dict:
 
     def held_out_evaluation():
         nonlocal ref_eval
-        stats, logps = evaluate(policy, tokenizer, eval_set, ref_eval, args, device)
+        stats, logps = evaluate_comparisons(policy, tokenizer, eval_set, ref_eval, args, device)
         ref_eval = logps if ref_eval is None else ref_eval
         eval_stats.update(stats)
         for key in ("accuracy", "accuracy_stderr", "dpo_loss", "margins_mean"):

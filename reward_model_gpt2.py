@@ -314,7 +314,7 @@ def main(args: Args) -> dict:
     step, interrupted, eval_stats = 0, False, {}
 
     def held_out_evaluation():
-        eval_stats.update(evaluate(reward_model, tokenizer, eval_set, args, device))
+        eval_stats.update(evaluate_comparisons(reward_model, tokenizer, eval_set, args, device))
         writer.add_scalar("eval/accuracy", eval_stats["accuracy"], step)
         writer.add_scalar("eval/reward_loss", eval_stats["reward_loss"], step)
         if gold_accuracy is not None:  # detail 39: the ceiling, beside the reward model's accuracy
@@ -457,7 +457,7 @@ def readout_features(reward_model, tokenizer, comparisons: list[dict], args: Arg
     return features[: len(comparisons)], features[len(comparisons) :]
 
 
-def evaluate(reward_model, tokenizer, comparisons: list[dict], args: Args, device) -> dict:
+def evaluate_comparisons(reward_model, tokenizer, comparisons: list[dict], args: Args, device) -> dict:
     """Loss and accuracy on held-out comparisons, and each one's margin chosen_scores - rejected_scores."""
     scores = score_in_chunks(reward_model, tokenizer, comparisons, args, device)
     chosen_scores, rejected_scores = scores[: len(comparisons)], scores[len(comparisons) :]

@@ -80,7 +80,8 @@ STOP_KL = 3.0
 TUNE_RL = "--num-minibatches 4 --update-epochs 1 --eval-every 2"
 TUNING = {
     "dpo": protocol.grid(lambda lr, beta: f"--beta {beta} --preferences {{prefs}} --eval-fraction 0.2 --split-seed 1 "
-                         f"--learning-rate {lr} --eval-every 3", lr=("5e-5", "1e-4", "2e-4", "4e-4"), beta=("0.1", "0.3")),
+                         f"--learning-rate {lr} --eval-every 3",
+                         lr=("5e-5", "1e-4", "2e-4", "4e-4"), beta=("0.1", "0.3")),
     "ppo": protocol.grid(lambda lr, kl_coef, batch: f"--reward-model {{rm}} --kl-coef {kl_coef} --kl-target None "
                          f"--learning-rate {lr} --batch-size {batch} --total-episodes {20 * int(batch)} {TUNE_RL}",
                          lr=("5e-5", "1e-4"), kl_coef=("0.01", "0.05"), batch=("64", "128")),
@@ -286,7 +287,7 @@ def measured_by(frontier: Frontier, module, initial: dict, points: list, cpu: li
     0, the initial policy) returns the shared initial point, in a dict with the keys the script logs and prints.
     With stop_kl, the first point at KL >= stop_kl ends the run (StopRun)."""
     name, begun = MEASURED[module], time.process_time()
-    original, accuracy = getattr(module, name), dpo.evaluate
+    original, accuracy = getattr(module, name), dpo.evaluate_comparisons
 
     def evaluation(policy, *args, **kwargs):  # each point with the CPU minutes trained before it
         spent = (time.process_time() - begun - sum(cpu)) / 60
@@ -299,12 +300,13 @@ def measured_by(frontier: Frontier, module, initial: dict, points: list, cpu: li
                 "kl_stderr": point["kl_se"], "gold_scores_mean": point["gold"], "gold_scores_stderr": point["gold_se"]}
 
     setattr(module, name, timed(evaluation, cpu))
-    dpo.evaluate = timed(accuracy, cpu) if module is dpo else accuracy  # DPO's held-out accuracy: kept, its time not
+    # DPO's held-out accuracy: kept, its time not counted
+    dpo.evaluate_comparisons = timed(accuracy, cpu) if module is dpo else accuracy
     try:
         yield
     finally:
         setattr(module, name, original)
-        dpo.evaluate = accuracy
+        dpo.evaluate_comparisons = accuracy
 
 
 def script_args(module, flags: str, seed: int, common: Common, runs_dir: str):
@@ -385,7 +387,8 @@ def run_reward_model(args: RewardModel) -> dict:
     flags = f"--preferences {args.preferences} {args.rm_flags}"
     rm_args, command = script_args(rm, flags, 1, args, os.path.join(ROOT, args.runs, "reward_model"))
     start, eval_cpu = time.process_time(), []
-    with mock.patch.object(rm, "evaluate", timed(rm.evaluate, eval_cpu)):  # held-out passes, as DPO's: not counted
+    # the held-out passes, as DPO's, not counted
+    with mock.patch.object(rm, "evaluate_comparisons", timed(rm.evaluate_comparisons, eval_cpu)):
         result = rm.main(rm_args)
     record = {"model_path": result["model_path"], "held_out_accuracy": result["eval_accuracy"],
               "command": command, "cpu_minutes": (time.process_time() - start - sum(eval_cpu)) / 60,
@@ -532,8 +535,8 @@ def tuned_lines(tuning_runs: str, records: list[dict]) -> list[str]:
              f"(CPU minutes to it) within {protocol.TIE} of it (experiments/protocol.py); then its test seeds on the "
              "held-out prompts. Gold at KL 3: mean over seeds, 95% t-interval; per point: the mean standard error "
              "over prompts of one run's point.", "",
-             "| method | chosen setting | test seeds | gold at KL 3 | per-point SE | CPU minutes to KL 3 | tuning: runs, "
-             "CPU minutes |", "|---" * 7 + "|"]
+             "| method | chosen setting | test seeds | gold at KL 3 | per-point SE | CPU minutes to KL 3 | "
+             "tuning: runs, CPU minutes |", "|---" * 7 + "|"]
     tested = {}
     for m in methods:
         table = tuning_table(tuning_runs, m)
@@ -541,7 +544,8 @@ def tuned_lines(tuning_runs: str, records: list[dict]) -> list[str]:
         if m not in chosen:
             lines.append(f"| {m} | (tuning runs missing) | - | - | - | - | {runs_cpu} |")
             continue
-        seeds = [r for r in records if (r["method"], r["setting"]) == (m, chosen[m]) and r["seed"] != protocol.TUNING_SEED]
+        seeds = [r for r in records
+                 if (r["method"], r["setting"]) == (m, chosen[m]) and r["seed"] != protocol.TUNING_SEED]
         golds = [gold_at_kl(r["points"], 3.0) for r in seeds]
         if not seeds or None in golds:
             lines.append(f"| {m} | {chosen[m]} | {len(seeds)} run, " + ("not all reach KL 3" if seeds else "none yet")

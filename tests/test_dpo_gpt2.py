@@ -451,7 +451,8 @@ def test_the_batch_check_reads_the_split_main_makes(tiny, tmp_path):
     path.write_text("".join(f'{{"prompt": "{p}", "chosen": " b{i}", "rejected": " c{i}"}}\n'
                             for p, n in (("a", 10), ("b", 1), ("c", 1), ("d", 1)) for i in range(n)))
     prompts = [json.loads(line)["prompt"] for line in path.read_text().splitlines()]
-    assert len(dpo.split_comparisons(prompts, 0.25, 1)[0]) == 12 and len(dpo.split_comparisons(prompts, 0.25, 3)[0]) == 3
+    assert len(dpo.split_comparisons(prompts, 0.25, 1)[0]) == 12
+    assert len(dpo.split_comparisons(prompts, 0.25, 3)[0]) == 3
     args = tiny_args(tiny, tmp_path, preferences=str(path), eval_fraction=0.25, seed=1, batch_size=8,
                      gradient_accumulation_steps=1)
     dpo.read_preferences(args.preferences, args)  # the split of seed 1: 12 training comparisons
@@ -527,9 +528,8 @@ def test_house_style():
     assert not imported & project  # it shares no code with the other files
 
 
-def test_the_held_out_samples_are_the_trained_policy_s_on_held_out_prompts_against_the_initial_model(tiny,
-                                                                                                      tmp_path,
-                                                                                                      monkeypatch):
+def test_held_out_samples_are_the_trained_policy_s_on_held_out_prompts_against_the_initial_one(tiny, tmp_path,
+                                                                                                   monkeypatch):
     """What the sampled evaluation reads, by hand: at the end, the responses come from the trained policy (its
     weights those the run saved), to the held-out prompts only; eval/kl is the mean over prompts of the sum over
     each response's real tokens of log pi_trained - log pi_initial (plain forward passes of the saved and the

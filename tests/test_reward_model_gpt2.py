@@ -446,7 +446,7 @@ def test_evaluate_by_hand_over_several_chunks(tiny):
 
     margins = [score(c["prompt"], c["chosen"]) - score(c["prompt"], c["rejected"]) for c in comparisons]
     assert len({m > 0 for m in margins}) == 2  # some pairs in order, some not: the accuracy is informative
-    stats = rm.evaluate(model, tokenizer, comparisons, rm.Args(forward_batch_size=2), CPU)
+    stats = rm.evaluate_comparisons(model, tokenizer, comparisons, rm.Args(forward_batch_size=2), CPU)
     assert stats["reward_loss"] == pytest.approx(sum(math.log1p(math.exp(-m)) for m in margins) / 3, rel=1e-4)
     assert stats["accuracy"] == pytest.approx(sum(m > 0 for m in margins) / 3)
     assert stats["margins"] == pytest.approx(margins, rel=1e-4, abs=1e-5)
@@ -718,7 +718,7 @@ def test_main_passes_each_quantity_where_it_belongs(tiny, tmp_path, monkeypatch)
                      eval_every=0, probe=False)  # a random head: micro-batches of differing accuracies
 
     evaluated, trained = [], []  # each evaluation's comparisons; each micro-batch's texts and scores
-    real_evaluate, real_score_texts = rm.evaluate, rm.score_texts
+    real_evaluate, real_score_texts = rm.evaluate_comparisons, rm.score_texts
 
     def evaluate(model, tokenizer, comps, *a):
         evaluated.append(sorted(int(c["chosen"].split()[-1].rstrip(".")) for c in comps))
@@ -731,7 +731,7 @@ def test_main_passes_each_quantity_where_it_belongs(tiny, tmp_path, monkeypatch)
             trained.append((a[2], scores.detach().clone()))
         return scores
 
-    monkeypatch.setattr(rm, "evaluate", evaluate)
+    monkeypatch.setattr(rm, "evaluate_comparisons", evaluate)
     monkeypatch.setattr(rm, "score_texts", score_texts)
     result = rm.main(args)
     scalars = read_scalars(result["run_dir"])
@@ -853,7 +853,7 @@ def test_the_probe_fits_the_head_on_the_frozen_features_before_training(tiny, tm
         margins = held_out_differences @ head
         return np.mean((margins > 0) + 0.5 * (margins == 0)), np.mean(np.log1p(np.exp(-margins)))
 
-    heads, real_load, real_evaluate = [], rm.load_reward_model, rm.evaluate
+    heads, real_load, real_evaluate = [], rm.load_reward_model, rm.evaluate_comparisons
 
     def load(*a):  # the head as loaded (random), then the head at each evaluation
         model = real_load(*a)
@@ -865,7 +865,7 @@ def test_the_probe_fits_the_head_on_the_frozen_features_before_training(tiny, tm
         return real_evaluate(model, *a)
 
     monkeypatch.setattr(rm, "load_reward_model", load)
-    monkeypatch.setattr(rm, "evaluate", evaluate)
+    monkeypatch.setattr(rm, "evaluate_comparisons", evaluate)
     runs = {}
     for probe, head_lr in ((True, None), (False, None), (True, 3e-2), (False, 3e-2)):
         heads.clear()

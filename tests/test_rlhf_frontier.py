@@ -143,8 +143,8 @@ def test_the_reward_model_s_cpu_minutes_leave_its_held_out_passes_out(tiny, tmp_
     """Each held-out pass of reward_model_gpt2.py, made half a CPU second slower, is timed apart: the record's
     minutes are the rest of the run; the module is restored after."""
     calls = []
-    slow_evaluate = half_a_second_slower(F.rm.evaluate, calls)
-    monkeypatch.setattr(F.rm, "evaluate", slow_evaluate)
+    slow_evaluate = half_a_second_slower(F.rm.evaluate_comparisons, calls)
+    monkeypatch.setattr(F.rm, "evaluate_comparisons", slow_evaluate)
     prefs = write_preferences(tmp_path / "prefs.jsonl", F.rlhf.PROMPTS[:8])
     start = time.process_time()
     record = F.run_reward_model(F.RewardModel(
@@ -154,14 +154,14 @@ def test_the_reward_model_s_cpu_minutes_leave_its_held_out_passes_out(tiny, tmp_
     assert len(calls) == 5  # steps 0, 1, 2, 3 and the end: 18 training comparisons, 4 a step
     assert record["eval_cpu_minutes"] * 60 >= 0.5 * len(calls)
     assert (record["cpu_minutes"] + record["eval_cpu_minutes"]) * 60 == pytest.approx(total, abs=0.2)
-    assert record["held_out_accuracy"] == calls[-1]["accuracy"] and F.rm.evaluate is slow_evaluate
+    assert record["held_out_accuracy"] == calls[-1]["accuracy"] and F.rm.evaluate_comparisons is slow_evaluate
     assert json.loads((tmp_path / "runs" / "reward_model.json").read_text()) == record
 
 
 def test_every_method_is_measured_by_the_one_evaluation(tiny_frontier, monkeypatch):
     common, runs = tiny_frontier["common"], Path(tiny_frontier["common"]["runs"])
     burned = []  # DPO's held-out accuracy, half a CPU second slower: not training
-    monkeypatch.setattr(F.dpo, "evaluate", half_a_second_slower(F.dpo.evaluate, burned))
+    monkeypatch.setattr(F.dpo, "evaluate_comparisons", half_a_second_slower(F.dpo.evaluate_comparisons, burned))
     F.run(F.Run(preferences=tiny_frontier["prefs"], methods=["dpo", "ppo", "grpo", "best_of_n"], seeds=[1],
                 best_of_n=4, **common))
     initial = json.loads((runs / "initial.json").read_text())

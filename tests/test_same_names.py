@@ -14,8 +14,8 @@ REASONS = {  # name: why its bodies differ (to be made the same, or renamed, whe
     "Args": "each script's own flags",
     "main": "each script's own algorithm",
     "check_args": "each script checks its own flags",
-    "evaluate": "two contracts under one name: sampled rollouts (PPO, GRPO), comparison accuracy (reward "
-                "model, DPO); to be renamed",
+    "evaluate": "GRPO samples a whole batch a pass, PPO a process's share; to be made one",
+    "evaluate_comparisons": "the reward model's scores, DPO's implicit rewards against its stored reference",
     "debug_variables": "GRPO's clip fractions read its upper clip (detail 50)",
     "policy_loss": "GRPO: one advantage per response and an upper clip of its own (details 47, 50)",
     "query_batches": "GRPO: whole groups, num_generations copies of each prompt (detail 46)",

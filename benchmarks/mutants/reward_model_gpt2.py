@@ -89,8 +89,8 @@ MUTANTS = [
      "learning_rates = (args.learning_rate, args.learning_rate)"),
     # main()'s glue (issue 34): written before any new test, run with the whole test file (no selector)
     ("main: the held-out evaluation scores the training comparisons",
-     "eval_stats.update(evaluate(reward_model, tokenizer, eval_set, args, device))",
-     "eval_stats.update(evaluate(reward_model, tokenizer, train_set, args, device))"),
+     "eval_stats.update(evaluate_comparisons(reward_model, tokenizer, eval_set, args, device))",
+     "eval_stats.update(evaluate_comparisons(reward_model, tokenizer, train_set, args, device))"),
     ("main: the gold labeler's accuracy taken over the training comparisons",
      "[c[k] for c in eval_set], dtype=torch.float64)",
      "[c[k] for c in train_set], dtype=torch.float64)"),
