@@ -673,13 +673,14 @@ def load_tokenizer(model_name: str, stop_token: str):
 
 
 def check_max_length(model_name: str, tokenizer, texts: list[str], args: Args) -> None:
-    """--max-length must fit the model's positions; texts longer than it lose their first tokens: how many is
-    said."""
+    """--max-length is cut to the model's positions (said); texts longer than it lose their first tokens: how
+    many is said."""
     config = from_pretrained(AutoConfig, model_name, "--model-name")
     positions = getattr(config, "max_position_embeddings", None)
     if positions is not None and args.max_length > positions:
-        raise SystemExit(f"error: --max-length {args.max_length} is more than the {positions} positions of "
-                         f"--model-name {model_name}; pass at most {positions}")
+        print(f"--max-length {args.max_length} is more than the {positions} positions of --model-name "
+              f"{model_name}: texts are cut to {positions} tokens")
+        args.max_length = positions
     lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]] if texts else []
     cut = sum(n > args.max_length for n in lengths)
     if cut:

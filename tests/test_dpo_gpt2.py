@@ -461,10 +461,13 @@ def test_the_batch_check_reads_the_split_main_makes(tiny, tmp_path):
         dpo.read_preferences(args.preferences, args)
 
 
-def test_max_length_beyond_the_model_s_positions_fails_and_cut_texts_are_counted(tiny, tmp_path, capsys):
-    with pytest.raises(SystemExit, match="^error: --max-length 129 is more than the 128 positions of --model-name"):
-        dpo.main(tiny_args(tiny, tmp_path, max_length=129))
-    assert not (tmp_path / "runs").exists()
+def test_max_length_is_cut_to_the_model_s_positions_and_cut_texts_are_counted(tiny, tmp_path, capsys):
+    args = tiny_args(tiny, tmp_path, max_length=129)
+    tokenizer, _ = dpo.load_tokenizer(args.model_name, args.stop_token)
+    dpo.check_max_length(args.model_name, tokenizer, ["a short text"], args)
+    assert args.max_length == 128 and capsys.readouterr().out == (
+        f"--max-length 129 is more than the 128 positions of --model-name {args.model_name}: texts are cut to "
+        "128 tokens\n")
     args = tiny_args(tiny, tmp_path, max_length=6)
     tokenizer, _ = dpo.load_tokenizer(args.model_name, args.stop_token)
     texts = ["This movie was great.", "ok", "This movie was a long, long, long film."]
