@@ -291,6 +291,19 @@ def mean_cell(values) -> str:
     return f"{mean:.1%} ± {half:.1%}"
 
 
+def tuning_rows(tuning: list[dict], chosen: set, steps: bool) -> list[str]:
+    """The tuning runs' table: a row a run (with the earlier grid's steps a batch, S, if steps)."""
+    lines = ["| run | " + "steps a batch | " * steps + "validation accuracy before | after | KL at the end (nats) | "
+             "training minutes | CPU minutes | chosen |", "|---" * (7 + steps) + "|"]
+    for row in tuning:
+        cpu = row["cpu_s"] / 60 if row["cpu_s"] is not None else float("nan")
+        lines.append(f"| {row['name']} | " + (f"{steps_per_batch(row['name'])} | " if steps else "") +
+                     f"{fmt(row['initial'])} | {fmt(row['final'])} | {fmt(row['kl'], '.2f')} | "
+                     f"{fmt(row['train_s'] / 60, '.1f')} | {fmt(cpu, '.1f')} | "
+                     f"{'yes' if row['name'] in chosen else ''} |")
+    return lines
+
+
 def write_report(methods: dict, out: Path, tuning: list[dict] = ()) -> str:
     """The page: accuracy per seed and its mean, cost, differences to the same sitting's PPO, the tuning runs
     and every command. Keys `earlier:<method>` are an earlier sitting's runs (not in the figure)."""
@@ -401,26 +414,14 @@ def write_report(methods: dict, out: Path, tuning: list[dict] = ()) -> str:
                   "minutes, each method's runs together: " + ", ".join(
                       f"{m} {sum(r['cpu_s'] or 0.0 for r in tuning if r['name'].startswith(m + ' ')) / 60:.1f}"
                       for m in GRIDS) + ".", "",
-                  "| run | validation accuracy before | after | KL at the end (nats) | training minutes | CPU minutes "
-                  "| chosen |", "|---|---|---|---|---|---|---|"]
-        for row in tuning:
-            cpu = row["cpu_s"] / 60 if row["cpu_s"] is not None else float("nan")
-            lines.append(f"| {row['name']} | {fmt(row['initial'])} | {fmt(row['final'])} | {fmt(row['kl'], '.2f')} "
-                         f"| {fmt(row['train_s'] / 60, '.1f')} | {fmt(cpu, '.1f')} | "
-                         f"{'yes' if row['name'] in chosen else ''} |")
+                  *tuning_rows(tuning, chosen, steps=False)]
     elif tuning:
         chosen = {choose(tuning, "grpo"), choose(tuning, "rloo")}
         lines += ["", "## Tuning (validation split of the training problems, seed 100, 512 completions)", "",
                   "Each run scored 256 problems set aside from the training problems (`--eval-split validation`), "
                   "never the held-out ones. The rule: the highest validation accuracy after 512 completions among "
                   "the GRPO runs, and among the RLOO runs; within 1 point, the fewest optimizer steps a batch (S).",
-                  "", "| run | steps a batch | validation accuracy before | after | KL at the end (nats) | "
-                  "training minutes | CPU minutes | chosen |", "|---|---|---|---|---|---|---|---|"]
-        for row in tuning:
-            cpu = row["cpu_s"] / 60 if row["cpu_s"] is not None else float("nan")
-            lines.append(f"| {row['name']} | {steps_per_batch(row['name'])} | {fmt(row['initial'])} | "
-                         f"{fmt(row['final'])} | {fmt(row['kl'], '.2f')} | {fmt(row['train_s'] / 60, '.1f')} | "
-                         f"{fmt(cpu, '.1f')} | {'yes' if row['name'] in chosen else ''} |")
+                  "", *tuning_rows(tuning, chosen, steps=True)]
     lines += ["", "## Commands", "", "Each run's command, as the harness ran it (from the repository root):",
               ""]
     for method, seeds in [*methods.items(), *([("tuning", [{"command": r["command"], "seed": TUNING_SEED}
