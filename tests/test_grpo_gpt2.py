@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel
+from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2LMHeadModel
 
 import grpo_gpt2 as grpo
 import ppo_rlhf_gpt2 as rlhf
@@ -693,60 +693,6 @@ def test_ctrl_c_while_saving_closes_the_logs(tiny, tmp_path, monkeypatch):
     except KeyboardInterrupt:
         pytest.fail("a Ctrl-C while saving escaped main() instead of ending the run cleanly")
     assert len(read_scalars(stats["run_dir"])["objective/scores"]) == 2
-
-
-def tiny_reward_folder(tiny, path, seed: int, **config):
-    """A one-layer scalar reward model with reward_model_gpt2.py's config fields, saved to `path` with the
-    policy's tokenizer padding on the right with its EOS. Returns (tokenizer, model)."""
-    tokenizer = AutoTokenizer.from_pretrained(tiny["policy"])
-    tokenizer.pad_token, tokenizer.padding_side = EOS, "right"
-    torch.manual_seed(seed)
-    model = GPT2ForSequenceClassification(GPT2Config(vocab_size=len(tokenizer), n_positions=128, n_embd=32,
-                                                     n_layer=1, n_head=2, num_labels=1,
-                                                     pad_token_id=tokenizer.pad_token_id)).eval()
-    for name, value in config.items():
-        setattr(model.config, name, value)
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return tokenizer, model
-
-
-def test_reward_model_folder_with_an_end_token_is_read_at_that_token(tiny, tmp_path):
-    """A reward_model_gpt2.py folder whose config names reward_end_token: every text gets that token appended
-    and is scored there, also where the end token is the pad token (transformers' own readout would then
-    skip it and read the token before), plus config.reward_bias; texts of different lengths, padded."""
-    tokenizer, model = tiny_reward_folder(tiny, tmp_path / "rm", 3, reward_end_token=EOS, reward_bias=0.5)
-    texts = ["This movie was great.", "The acting in this one is bad, and the plot of this movie is worse."]
-    reward_fn = grpo.load_reward_fn(grpo.Args(reward_model=str(tmp_path / "rm")), torch.device("cpu"))
-    scores = reward_fn(texts, ["", ""])
-    for text, score in zip(texts, scores.tolist()):
-        ids = tokenizer(text + EOS, return_tensors="pt")["input_ids"]  # alone: no padding
-        assert ids[0, -1].item() == tokenizer.eos_token_id
-        with torch.no_grad():
-            hidden = model.transformer(input_ids=ids).last_hidden_state[0]
-            at_end, before = (model.score(hidden[i]).item() + 0.5 for i in (-1, -2))
-        assert score == pytest.approx(at_end, abs=1e-5) and abs(score - before) > 1e-4
-
-
-def test_reward_model_folder_with_the_mean_readout_averages_the_response_and_its_end_token(tiny, tmp_path):
-    """config.reward_readout `mean` (reward_model_gpt2.py's default): the head on the mean final state over the
-    response's tokens and the appended end token, the query's tokens left out; the response found as the end
-    of the text; texts of different lengths padded together, and an empty response (the end token alone)."""
-    tokenizer, model = tiny_reward_folder(tiny, tmp_path / "rm", 4, reward_end_token=EOS, reward_readout="mean",
-                                          reward_bias=-0.25)
-    queries = ["This movie was", "The acting in this one is bad, and the plot", "I"]
-    responses = [" great.", " of this movie is worse, much worse.", ""]
-    reward_fn = grpo.load_reward_fn(grpo.Args(reward_model=str(tmp_path / "rm")), torch.device("cpu"))
-    scores = reward_fn([q + r for q, r in zip(queries, responses)], responses)
-    for query, response, score in zip(queries, responses, scores.tolist()):
-        query_ids, ids = tokenizer(query)["input_ids"], tokenizer(query + response + EOS)["input_ids"]
-        assert ids[: len(query_ids)] == query_ids  # the query's tokens are the text's first ones
-        with torch.no_grad():
-            hidden = model.transformer(input_ids=torch.tensor([ids])).last_hidden_state[0]
-            mean = model.score(hidden[len(query_ids) :].mean(0)).item() - 0.25
-            whole, at_end = model.score(hidden.mean(0)).item() - 0.25, model.score(hidden[-1]).item() - 0.25
-        assert score == pytest.approx(mean, abs=1e-5) and abs(score - whole) > 1e-4
-        assert abs(score - at_end) > 1e-4 if response else score == pytest.approx(at_end, abs=1e-5)
 
 
 def test_eval_checkpoint_samples_with_the_settings_saved_with_the_policy(tiny, tmp_path, capsys):

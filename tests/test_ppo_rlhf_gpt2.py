@@ -1,6 +1,7 @@
 """Tests of ppo_rlhf_gpt2.py, offline: a tiny GPT-2, its tokenizer and a tiny reward model are built here,
 saved with save_pretrained, and loaded by the script's own loading code."""
 
+import importlib
 import inspect
 import json
 import math
@@ -517,13 +518,15 @@ def tiny_reward_folder(tiny, path, seed: int, **config):
     return tokenizer, model
 
 
-def test_reward_model_folder_with_an_end_token_is_read_at_that_token(tiny, tmp_path):
+@pytest.mark.parametrize("script", ["ppo_rlhf_gpt2", "grpo_gpt2"])  # one load_reward_fn, in both RL files
+def test_reward_model_folder_with_an_end_token_is_read_at_that_token(script, tiny, tmp_path):
     """A reward_model_gpt2.py folder whose config names reward_end_token: every text gets that token appended
     and is scored there, also where the end token is the pad token (transformers' own readout would then
     skip it and read the token before), plus config.reward_bias; texts of different lengths, padded."""
     tokenizer, model = tiny_reward_folder(tiny, tmp_path / "rm", 3, reward_end_token=EOS, reward_bias=0.5)
     texts = ["This movie was great.", "The acting in this one is bad, and the plot of this movie is worse."]
-    reward_fn = rlhf.load_reward_fn(rlhf.Args(reward_model=str(tmp_path / "rm")), torch.device("cpu"))
+    module = importlib.import_module(script)
+    reward_fn = module.load_reward_fn(module.Args(reward_model=str(tmp_path / "rm")), torch.device("cpu"))
     scores = reward_fn(texts, ["", ""])
     for text, score in zip(texts, scores.tolist()):
         ids = tokenizer(text + EOS, return_tensors="pt")["input_ids"]  # alone: no padding
@@ -534,7 +537,8 @@ def test_reward_model_folder_with_an_end_token_is_read_at_that_token(tiny, tmp_p
         assert score == pytest.approx(at_end, abs=1e-5) and abs(score - before) > 1e-4
 
 
-def test_reward_model_folder_with_the_mean_readout_averages_the_response_and_its_end_token(tiny, tmp_path):
+@pytest.mark.parametrize("script", ["ppo_rlhf_gpt2", "grpo_gpt2"])  # one load_reward_fn, in both RL files
+def test_reward_model_folder_with_the_mean_readout_averages_the_response_and_its_end_token(script, tiny, tmp_path):
     """config.reward_readout `mean` (reward_model_gpt2.py's default): the head on the mean final state over the
     response's tokens and the appended end token, the query's tokens left out; the response found as the end
     of the text; texts of different lengths padded together, and an empty response (the end token alone)."""
@@ -542,7 +546,8 @@ def test_reward_model_folder_with_the_mean_readout_averages_the_response_and_its
                                           reward_bias=-0.25)
     queries = ["This movie was", "The acting in this one is bad, and the plot", "I"]
     responses = [" great.", " of this movie is worse, much worse.", ""]
-    reward_fn = rlhf.load_reward_fn(rlhf.Args(reward_model=str(tmp_path / "rm")), torch.device("cpu"))
+    module = importlib.import_module(script)
+    reward_fn = module.load_reward_fn(module.Args(reward_model=str(tmp_path / "rm")), torch.device("cpu"))
     scores = reward_fn([q + r for q, r in zip(queries, responses)], responses)
     for query, response, score in zip(queries, responses, scores.tolist()):
         query_ids, ids = tokenizer(query)["input_ids"], tokenizer(query + response + EOS)["input_ids"]

@@ -35,7 +35,8 @@ MUTANTS = [
      "\n"),
     ("issue41: the reward model's mean readout over the whole text (the query's tokens averaged in)",
      "starts = torch.tensor([len(t) - len(r) for t, r in zip(texts, responses)])",
-     "starts = torch.tensor([0 for t, r in zip(texts, responses)])"),
+     "starts = torch.tensor([0 for t, r in zip(texts, responses)])",
+     "reward_model_folder and grpo", "tests/test_ppo_rlhf_gpt2.py"),  # the test of both RL files' reader
     ("RLOO's baseline the mean of the whole group (the response's own score in it)",
      "advantages = grouped - (grouped.sum(dim=1, keepdim=True) - grouped) / (num_generations - 1)",
      "advantages = grouped - grouped.sum(dim=1, keepdim=True) / num_generations", "rloo"),
