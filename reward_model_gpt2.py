@@ -158,7 +158,7 @@ def sample_comparisons(policy, prompts: list[str], tokenizer, stop_token_id: int
                             return_tensors="pt")["input_ids"].to(device)
         queries = torch.cat([queries, queries])  # response a of each prompt, then response b
         responses = generate(policy, queries, args.response_length, args.temperature, tokenizer.pad_token_id)
-        responses = truncate_after_stop_token(responses, stop_token_id, tokenizer.pad_token_id,
+        responses, _, _ = truncate_after_stop_token(responses, stop_token_id, tokenizer.pad_token_id,
                                               args.min_response_length)
         # The text is the one ppo_rlhf_gpt2.py's reward function reads; the prompt is its decoded query,
         # so that prompt + response is that text exactly.
@@ -284,7 +284,7 @@ def main(args: Args) -> dict:
     if args.gold:
         gold_fn = load_gold_fn(args, device)
         policy = load_policy(args.model_name, device)
-        prompts = load_prompts(args)
+        prompts = load_gold_prompts(args)
         sampled = sample_comparisons(policy, prompts, tokenizer, stop_token_id, gold_fn, args, device)
         del policy, gold_fn
         preferences = write_preferences(sampled, os.path.join(run_dir, "preferences.jsonl"))
@@ -540,7 +540,7 @@ def check_args(args: Args) -> None:
         raise SystemExit(f"error: --gold {args.gold}: not `vader`, `length` or a sequence-classifier folder")
     if args.prompts_file is not None and not os.path.isfile(args.prompts_file):
         raise SystemExit(f"error: --prompts-file {args.prompts_file}: no such file")
-    check_split(load_prompts(args), args.num_comparisons, args)
+    check_split(load_gold_prompts(args), args.num_comparisons, args)
 
 
 def check_split(prompts: list[str], num_comparisons: int, args: Args) -> None:
@@ -627,7 +627,7 @@ def write_preferences(comparisons: list[dict], path: str) -> str:
     return path
 
 
-def load_prompts(args: Args) -> list[str]:
+def load_gold_prompts(args: Args) -> list[str]:
     if args.prompts_file is None:
         return list(PROMPTS)
     with open(args.prompts_file) as f:
@@ -783,14 +783,16 @@ def generate(policy, queries: torch.Tensor, response_length: int, temperature: f
 
 
 def truncate_after_stop_token(responses: torch.Tensor, stop_token_id: int, pad_token_id: int,
-                              min_response_length: int = 0) -> torch.Tensor:
+                              min_response_length: int = 0):
     """detail 29: keep each response up to and including its first stop token at index min_response_length
-    or later, and pad what follows."""
+    or later, and pad what follows. Returns the truncated responses, the response mask (True on the real
+    tokens: up to and including that stop token) and whether each response contains such a stop token."""
     is_stop = responses == stop_token_id
     is_stop[:, :min_response_length] = False  # too early to end the response
-    last_index = torch.where(is_stop.any(dim=1), is_stop.int().argmax(dim=1), responses.shape[1] - 1)
-    padding_mask = torch.arange(responses.shape[1], device=responses.device) > last_index.unsqueeze(1)
-    return responses.masked_fill(padding_mask, pad_token_id)
+    contain_stop = is_stop.any(dim=1)
+    last_index = torch.where(contain_stop, is_stop.int().argmax(dim=1), responses.shape[1] - 1)
+    response_mask = torch.arange(responses.shape[1], device=responses.device) <= last_index.unsqueeze(1)
+    return responses.masked_fill(~response_mask, pad_token_id), response_mask, contain_stop
 
 
 # ------------------------------------------------------------------------------------------------------------

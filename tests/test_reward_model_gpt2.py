@@ -292,9 +292,9 @@ def test_cross_validated_l2_scores_each_prompt_by_a_probe_fitted_without_it(monk
 def test_truncate_after_stop_token():
     stop, pad = 7, 99
     responses = torch.tensor([[1, 7, 2, 7], [1, 2, 3, 4], [7, 1, 7, 1]])
-    assert rm.truncate_after_stop_token(responses, stop, pad).tolist() == [[1, 7, pad, pad], [1, 2, 3, 4],
+    assert rm.truncate_after_stop_token(responses, stop, pad)[0].tolist() == [[1, 7, pad, pad], [1, 2, 3, 4],
                                                                            [7, pad, pad, pad]]
-    assert rm.truncate_after_stop_token(responses, stop, pad, 1).tolist() == [[1, 7, pad, pad], [1, 2, 3, 4],
+    assert rm.truncate_after_stop_token(responses, stop, pad, 1)[0].tolist() == [[1, 7, pad, pad], [1, 2, 3, 4],
                                                                               [7, 1, 7, pad]]
 
 

@@ -20,7 +20,6 @@ REASONS = {  # name: why its bodies differ (to be made the same, or renamed, whe
     "policy_loss": "GRPO: one advantage per response and an upper clip of its own (details 47, 50)",
     "query_batches": "GRPO: whole groups, num_generations copies of each prompt (detail 46)",
     "generate": "the RL files also decode greedily and return the log-probs; the others sample only",
-    "truncate_after_stop_token": "the reward model's returns the responses alone; to be made the RL files'",
     "model_inputs": "two contracts: (ids, pad id) in the RL files, (ids, attention mask) in the others, which "
                     "pad on the right too; to be made one",
     "load_tokenizer": "padding side and the reward model's end token differ by script",
@@ -28,7 +27,6 @@ REASONS = {  # name: why its bodies differ (to be made the same, or renamed, whe
     "save_policy": "DPO's always writes sampling.json; to be made the RL files'",
     "scale_logits": "the comment of detail 23 sits in the docstring in DPO's; to be made the same",
     "load_gold_fn": "DPO's scores samples with the gold, the reward model's labels pairs",
-    "load_prompts": "the reward model's returns one list of prompts for --gold; to be renamed",
     "print_held_out_summary": "each script prints its own held-out numbers",
     "check_split": "the reward model also checks the probe's folds and --gold's expected counts",
     "read_preferences": "check_split's signature differs (above)",

@@ -74,6 +74,9 @@ MUTANTS_BY_SCRIPT = {
          "elapsed = np.cumsum([0.0] + [seconds[step] for step in sorted(seconds)])",
          "elapsed = np.cumsum([0.0, 0.0] + [seconds[step] for step in sorted(seconds)])",
          "ppo_vs_grpo"),
+    ],
+    # the intervals both harnesses report, moved to the protocol's module
+    "experiments/protocol": [
         ("issue41: the Welch interval from the seeds' standard deviations where variances are meant",
          "va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)",
          "va, vb = a.std(ddof=1) / len(a), b.std(ddof=1) / len(b)",

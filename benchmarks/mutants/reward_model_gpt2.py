@@ -177,6 +177,6 @@ MUTANTS = [
      "(args.learning_rate if args.probe else 1e-3)",
      "(1e-3 if args.probe else 1e-3)", "probe_fits"),
     ("probe: --probe-l2 below 0 accepted",
-     'require(("probe_l2",), lambda v: v >= 0 and math.isfinite(v), "at least 0")',
-     'require(("probe_l2",), lambda v: not math.isnan(v), "at least 0")', "bad_input"),
+     'lambda v: len(v) >= 1 and all(x >= 0 and math.isfinite(x) for x in v)',
+     'lambda v: len(v) >= 1 and all(not math.isnan(x) for x in v)', "bad_input"),
 ]
