@@ -3,6 +3,8 @@ import copy
 import glob
 import inspect
 import os
+import signal
+import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -660,3 +662,22 @@ def check_checkpoint_plays_its_own_env(module, watch, run, tmp_path):
     assert args.env_id == "CartPole-v1"
     evaluated = module.main(args)
     assert evaluated["eval_returns"] == played_by_hand("TinyDiscrete-v0", range(100_005, 100_008), greedy)
+
+
+def run_torchrun(root: Path, name: str, flags: list, processes: int):
+    """root/driver.py with the flags, under torchrun with `processes` processes (plain python for one), its runs
+    in root/name/runs; a run that hangs is stopped, all its processes with it, after 10 minutes."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                str(processes)] if processes > 1 else [sys.executable]
+    (root / name).mkdir()
+    # a session of its own, so that a run that hangs is stopped with all its processes
+    process = subprocess.Popen(launcher + [str(root / "driver.py"), *flags, "--runs-dir", str(root / name / "runs")],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                               start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        raise
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)

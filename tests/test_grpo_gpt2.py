@@ -8,9 +8,7 @@ import json
 import math
 import os
 import re
-import signal
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -20,6 +18,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2LMHeadModel
 
+from conftest import run_torchrun
 import grpo_gpt2 as grpo
 import ppo_rlhf_gpt2 as rlhf
 
@@ -770,23 +769,6 @@ if torch.distributed.is_initialized():
 '''
 
 
-def run_script(root: Path, name: str, flags: list, processes: int):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-                str(processes)] if processes > 1 else [sys.executable]
-    (root / name).mkdir()
-    # a session of its own, so that a run that hangs is stopped with all its processes
-    process = subprocess.Popen(launcher + [str(root / "driver.py"), *flags, "--runs-dir", str(root / name / "runs")],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                               start_new_session=True)
-    try:
-        stdout, stderr = process.communicate(timeout=600)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        raise
-    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
-
-
 @pytest.fixture(scope="module")
 def torchrun_case(tiny, tmp_path_factory):
     """The driver script and flags: 2 prompts of the same token length (so that one process's query is padded
@@ -815,7 +797,7 @@ def test_torchrun_two_processes_make_the_update_of_one_process(torchrun_case):
     gradient off by the number of processes, changes the gradient norm below (Adam alone would hide it)."""
     root, flags = torchrun_case
     for name, processes in (("one", 1), ("two", 2)):
-        result = run_script(root, name, flags, processes)
+        result = run_torchrun(root, name, flags, processes)
         assert result.returncode == 0, result.stderr[-3000:]
     initial = AutoModelForCausalLM.from_pretrained(flags[1]).state_dict()
     for loss_type in ("grpo", "dapo"):

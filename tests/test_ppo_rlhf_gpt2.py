@@ -10,7 +10,6 @@ import random
 import re
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 import warnings
@@ -25,6 +24,7 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2F
 from transformers.activations import GELUTanh
 from transformers.models.gpt2.modeling_gpt2 import GPT2MLP
 
+from conftest import run_torchrun
 import ppo_rlhf_gpt2 as rlhf
 
 EOS = "<|endoftext|>"
@@ -1173,22 +1173,13 @@ def torchrun_case(tiny, tmp_path_factory):
     return root, flags
 
 
-def run_script(root: Path, name: str, flags: list, processes: int):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-                str(processes)] if processes > 1 else [sys.executable]
-    (root / name).mkdir()
-    return subprocess.run(launcher + [str(root / "driver.py"), *flags, "--runs-dir", str(root / name / "runs")],
-                          capture_output=True, text=True, env=env, timeout=300)
-
-
 def test_torchrun_two_processes_make_the_update_of_one_process(torchrun_case):
     """Same responses, same update: the prompts split over the processes, the score normalization, the
     advantage whitening and the token weighting of the loss computed over both processes, the gradients
     averaged by DDP. Each of these, done per process, changes the weights or the gradient norm below."""
     root, flags = torchrun_case
     for name, processes in (("one", 1), ("two", 2)):
-        result = run_script(root, name, flags, processes)
+        result = run_torchrun(root, name, flags, processes)
         assert result.returncode == 0, result.stderr[-3000:]
     run_dirs = {name: list((root / name / "runs").iterdir()) for name in ("one", "two")}
     assert [len(d) for d in run_dirs.values()] == [1, 1]  # process 1 writes no run folder of its own
@@ -1217,7 +1208,7 @@ def test_torchrun_two_processes_make_the_update_of_one_process(torchrun_case):
 def test_torchrun_bad_flag_fails_in_every_process_with_one_message(torchrun_case):
     root, flags = torchrun_case
     # 6 responses split into 2 minibatches works in one process, not in 2 x 2 shares of 1.5
-    result = run_script(root, "bad", flags + ["--batch-size", "6", "--num-minibatches", "2"], processes=2)
+    result = run_torchrun(root, "bad", flags + ["--batch-size", "6", "--num-minibatches", "2"], processes=2)
     message = ("error: --batch-size 6 is not divisible by --num-minibatches 2 times the 2 torchrun processes; "
                "choose a batch size that is a multiple of it")
     output = result.stdout + result.stderr
