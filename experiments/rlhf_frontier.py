@@ -528,13 +528,15 @@ def tuned_lines(tuning_runs: str, records: list[dict]) -> list[str]:
         return []
     complete = [m for m in methods if len(tuning_table(tuning_runs, m)) == len(TUNING[m])]
     chosen = tuned_settings(tuning_runs, complete)
+    initial = read_json(os.path.join(tuning_runs, "initial.json"))
     lines = ["## After equal tuning", "",
-             f"Each method: its grid's {', '.join(f'{len(TUNING[m])}' for m in methods)} settings run once "
-             f"(seed {protocol.TUNING_SEED}) on {len(VALIDATION_PROMPTS)} validation prompts, each stopped at its "
-             f"first point at KL >= {STOP_KL:g}; chosen: the highest validation gold at KL {STOP_KL:g}, the cheapest "
-             f"(CPU minutes to it) within {protocol.TIE} of it (experiments/protocol.py); then its test seeds on the "
-             "held-out prompts. Gold at KL 3: mean over seeds, 95% t-interval; per point: the mean standard error "
-             "over prompts of one run's point.", "",
+             f"Each method's grid of {protocol.MIN_RUNS} settings (`TUNING`, stated before the first run), each run "
+             f"once (seed {protocol.TUNING_SEED}) on {len(VALIDATION_PROMPTS)} validation prompts (the initial "
+             f"policy's gold there {initial['gold']:.3f} ± {initial['gold_se']:.3f}) and stopped at its first point "
+             f"at KL >= {STOP_KL:g}; chosen: the highest validation gold at KL {STOP_KL:g}, the cheapest "
+             f"(CPU minutes to it) within {protocol.TIE} of it, a run that never reaches KL {STOP_KL:g} only if none "
+             "does (experiments/protocol.py); then its test seeds on the held-out prompts. Gold at KL 3: mean over "
+             "seeds, 95% t-interval; per point: the mean standard error over prompts of one run's point.", "",
              "| method | chosen setting | test seeds | gold at KL 3 | per-point SE | CPU minutes to KL 3 | "
              "tuning: runs, CPU minutes |", "|---" * 7 + "|"]
     tested = {}
