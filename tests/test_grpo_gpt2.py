@@ -733,8 +733,11 @@ import grpo_gpt2 as grpo
 
 args = tyro.cli(grpo.Args)
 
+draws = []  # this process's next draw from the global stream at each sampling: processes must draw apart
+
 @torch.inference_mode()
 def generate(policy, queries, response_length, temperature, pad_token_id, greedy=False):
+    draws.append(torch.rand(1).item())
     rows = []
     for j, query in enumerate(queries.tolist()):
         place = j % args.num_generations  # a process holds whole groups, so this is the place in the group
@@ -764,6 +767,8 @@ for loss_type in ("grpo", "dapo"):
     grpo.main(run_args)
     with open(os.path.join(args.runs_dir, f"grad_norms_{{loss_type}}_{{run_args.rank}}.json"), "w") as f:
         json.dump(norms, f)
+with open(os.path.join(args.runs_dir, f"draws_{{run_args.rank}}.json"), "w") as f:
+    json.dump(draws, f)
 if torch.distributed.is_initialized():
     destroy()
 '''
@@ -799,6 +804,9 @@ def test_torchrun_two_processes_make_the_update_of_one_process(torchrun_case):
     for name, processes in (("one", 1), ("two", 2)):
         result = run_torchrun(root, name, flags, processes)
         assert result.returncode == 0, result.stderr[-3000:]
+    # each process samples from its own random stream (seed + rank), not a copy of the other's
+    draws = [json.loads((root / "two" / "runs" / f"draws_{rank}.json").read_text()) for rank in (0, 1)]
+    assert len(draws[0]) == len(draws[1]) >= 1 and draws[0][0] != draws[1][0]
     initial = AutoModelForCausalLM.from_pretrained(flags[1]).state_dict()
     for loss_type in ("grpo", "dapo"):
         run_dirs = {n: list((root / n / "runs" / loss_type).iterdir()) for n in ("one", "two")}

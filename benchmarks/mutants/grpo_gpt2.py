@@ -77,4 +77,8 @@ MUTANTS = [
     # a flag through main(): survived every test of this file before
     ("--clip-coef-high left out of the logged clip fractions",
      "micro_mask, args.clip_coef, args.clip_coef_high)", "micro_mask, args.clip_coef, args.clip_coef)"),
+    # several processes: each must draw from its own stream (the torchrun test records each one's draws)
+    ("torchrun: every process seeded alike, its draws a copy of the others'",
+     "    torch.manual_seed(args.seed + args.rank)  # torchrun: each process samples its own responses",
+     "    torch.manual_seed(args.seed)  # torchrun: each process samples its own responses", "torchrun_two"),
 ]
