@@ -681,3 +681,89 @@ def run_torchrun(root: Path, name: str, flags: list, processes: int):
         os.killpg(process.pid, signal.SIGKILL)
         raise
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def check_every_quantity_where_it_belongs(events, watch, args, updates_of, by_hand_policy, logprob_atol):
+    """The gym PPO scripts' main() wiring, for a run watched by spy(module, ["compute_gae", "policy_loss",
+    "value_loss"]) and its TensorBoard events: each minibatch's rows, returns, standardized advantages, new
+    log-probs and values against numbers worked out here (updates_of(watch, args): the rollout's rows and each
+    minibatch's calls; by_hand_policy(agent, obs, actions): log-probs and entropies), and every logged loss and
+    statistic. The run must hold what tells right from wrong: terminations, truncations, a rollout end inside an
+    episode, ratios outside the clip range on both sides."""
+    logged = {tag: [e.value for e in events.Scalars(tag)] for tag in LOGGED}
+    updates = updates_of(watch, args)
+    assert len(updates) == args.num_iterations == 3
+    ratios = []
+    for iteration, (rows, minibatches) in enumerate(updates):
+        assert len(minibatches) == args.update_epochs * args.num_minibatches
+        partitions = []
+        for epoch in range(args.update_epochs):
+            in_epoch = minibatches[epoch * args.num_minibatches : (epoch + 1) * args.num_minibatches]
+            # each epoch passes over every sample of the rollout once, in minibatches of minibatch_size (a
+            # row stands for all rows identical to it, which the minibatches cannot tell apart)
+            assert all(len(mb["rows"]) == args.minibatch_size for mb in in_epoch)
+            seen = np.concatenate([mb["rows"] for mb in in_epoch])
+            assert sorted(seen) == sorted(which_rows(rows, rows["logprobs"], rows["values"], rows["returns"]))
+            partitions.append(sorted(tuple(sorted(mb["rows"])) for mb in in_epoch))
+        # detail 6: the batch is shuffled again for every epoch
+        assert partitions[0] != partitions[1] != partitions[2]
+        for mb in minibatches:
+            r, pg, vf = mb["rows"], mb["pg"]["args"], mb["vf"]["args"]
+            # each sample's own return; its advantage standardized within the minibatch (detail 7)
+            np.testing.assert_allclose(vf["returns"], rows["returns"][r], rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(pg["advantages"], standardized(rows["advantages"][r]), atol=1e-4)
+            # the new log-probability and value: the current agent on the sample's observation and (sampled,
+            # unclipped) action
+            with torch.no_grad():
+                newlogprob, _ = by_hand_policy(mb["agent"], rows["obs"][r], rows["actions"][r])
+            np.testing.assert_allclose(pg["newlogprob"], newlogprob.numpy(), atol=logprob_atol)
+            np.testing.assert_allclose(vf["newvalue"], value_of(mb["agent"], rows["obs"][r]), atol=1e-5)
+            ratios.append(np.exp(pg["newlogprob"] - pg["logprobs"]))
+        # the logs: the last minibatch's losses and statistics, the clip fraction of all minibatches, the
+        # explained variance of the rollout's values as predictions of its returns, this iteration's rate
+        last = minibatches[-1]
+        logratio = last["pg"]["args"]["newlogprob"] - last["pg"]["args"]["logprobs"]
+        with torch.no_grad():
+            _, entropy = by_hand_policy(last["agent"], rows["obs"][last["rows"]],
+                                        rows["actions"][last["rows"]])
+        clipped = [np.abs(np.exp(mb["pg"]["args"]["newlogprob"] - mb["pg"]["args"]["logprobs"]) - 1)
+                   > args.clip_coef for mb in minibatches]
+        expected = {
+            "charts/learning_rate": args.learning_rate * (1 - iteration / args.num_iterations),
+            "losses/value_loss": last["vf"]["result"],
+            "losses/policy_loss": last["pg"]["result"][0],
+            "losses/entropy": entropy.mean().item(),
+            "losses/old_approx_kl": np.mean(-logratio),
+            "losses/approx_kl": np.mean(np.expm1(logratio) - logratio),
+            "losses/clipfrac": np.mean([c.mean() for c in clipped]),
+            "losses/explained_variance": 1 - np.var(rows["returns"] - rows["values"])
+                                         / np.var(rows["returns"]),
+        }
+        for tag, value in expected.items():
+            assert logged[tag][iteration] == pytest.approx(value, rel=1e-4, abs=1e-6), tag
+    # the run holds what the checks above need to tell right from wrong
+    env = watch.rollout(0, args.num_iterations * args.num_steps)
+    assert env.terminated.any() and env.truncated.any() and not env.dones[args.num_steps - 1].all()
+    ratios = np.concatenate(ratios)
+    assert (ratios < 1 - args.clip_coef).any() and (ratios > 1 + args.clip_coef).any()
+    assert all(abs(logged["losses/explained_variance"][i]) > 1e-3 for i in range(1, args.num_iterations))
+
+
+def which_rows(rows, logprobs, values, returns):
+    """The rollout row each sample of a minibatch is, found by its stored log-probability, value and return
+    (identical rows are interchangeable: the first is taken); fails for a sample that is no row."""
+    found = []
+    for logprob, value, ret in zip(logprobs, values, returns):
+        same = ((np.abs(rows["logprobs"] - logprob) <= 1e-6) & (np.abs(rows["values"] - value) <= 1e-5)
+                & np.isclose(rows["returns"], ret, rtol=1e-5, atol=1e-5))
+        assert same.any(), f"a minibatch sample (log-prob {logprob}, value {value}, return {ret}) is no row"
+        found.append(np.flatnonzero(same)[0])
+    return np.array(found)
+
+
+def standardized(x):
+    return (x - x.mean()) / (x.std(ddof=1) + 1e-8)
+
+
+LOGGED = ("charts/learning_rate", "losses/value_loss", "losses/policy_loss", "losses/entropy",
+          "losses/old_approx_kl", "losses/approx_kl", "losses/clipfrac", "losses/explained_variance")

@@ -8,8 +8,9 @@ import torch
 import ppo_cartpole
 from conftest import (check_categorical_agent_by_hand, check_checkpoint_plays_its_own_env,
                       check_greedy_evaluation_draws_independent_episodes, check_logged_episodes,
-                      check_one_step_gae, check_ppo_update_wiring, check_same_step_autoreset,
-                      unusable_checkpoint, value_of, walker_agent_pt)
+                      check_every_quantity_where_it_belongs, check_one_step_gae, check_ppo_update_wiring,
+                      check_same_step_autoreset, standardized, unusable_checkpoint, value_of, walker_agent_pt,
+                      which_rows)
 
 SHARED_TAGS = [
     "charts/episodic_return",
@@ -410,18 +411,6 @@ def rollout_rows(watch, args, iteration, critic):
                 advantages=flat(advantages), returns=flat(advantages + values))
 
 
-def which_rows(rows, logprobs, values, returns):
-    """The rollout row each sample of a minibatch is, found by its stored log-probability, value and return
-    (identical rows are interchangeable: the first is taken); fails for a sample that is no row."""
-    found = []
-    for logprob, value, ret in zip(logprobs, values, returns):
-        same = ((np.abs(rows["logprobs"] - logprob) <= 1e-6) & (np.abs(rows["values"] - value) <= 1e-5)
-                & np.isclose(rows["returns"], ret, rtol=1e-5, atol=1e-5))
-        assert same.any(), f"a minibatch sample (log-prob {logprob}, value {value}, return {ret}) is no row"
-        found.append(np.flatnonzero(same)[0])
-    return np.array(found)
-
-
 def watched_minibatches(watch, args):
     """For each update of a run watched by spy(module, ["compute_gae", "policy_loss", "value_loss"]): the
     rollout's rows, and per minibatch its rows, its policy_loss and value_loss calls and the agent they
@@ -438,10 +427,6 @@ def watched_minibatches(watch, args):
     return updates
 
 
-def standardized(x):
-    return (x - x.mean()) / (x.std(ddof=1) + 1e-8)
-
-
 class LeaningAgent(ppo_cartpole.Agent):
     """A policy that is not uniform at any state (the initial one is, at TinyDiscrete's first observation
     [0]), so that the stored log-probability tells the actions apart, while both are still taken."""
@@ -450,10 +435,6 @@ class LeaningAgent(ppo_cartpole.Agent):
         super().__init__(*args)
         with torch.no_grad():
             self.actor[-1].bias.copy_(torch.tensor([0.5, -0.5]))
-
-
-LOGGED = ("charts/learning_rate", "losses/value_loss", "losses/policy_loss", "losses/entropy",
-          "losses/old_approx_kl", "losses/approx_kl", "losses/clipfrac", "losses/explained_variance")
 
 
 def test_main_passes_each_quantity_where_it_belongs(tmp_path, spy, read_events, monkeypatch):
@@ -468,62 +449,7 @@ def test_main_passes_each_quantity_where_it_belongs(tmp_path, spy, read_events, 
     args = tiny_args(tmp_path, total_timesteps=50, update_epochs=3, num_minibatches=4, clip_coef=0.02,
                      learning_rate=1e-2, gae_lambda=0.8)
     events = read_events(ppo_cartpole.main(args)["run_dir"])
-    logged = {tag: [e.value for e in events.Scalars(tag)] for tag in LOGGED}
-    updates = watched_minibatches(watch, args)
-    assert len(updates) == args.num_iterations == 3
-    ratios = []
-    for iteration, (rows, minibatches) in enumerate(updates):
-        assert len(minibatches) == args.update_epochs * args.num_minibatches
-        partitions = []
-        for epoch in range(args.update_epochs):
-            in_epoch = minibatches[epoch * args.num_minibatches : (epoch + 1) * args.num_minibatches]
-            # each epoch passes over every sample of the rollout once, in minibatches of minibatch_size (a
-            # row stands for all rows identical to it, which the minibatches cannot tell apart)
-            assert all(len(mb["rows"]) == args.minibatch_size for mb in in_epoch)
-            seen = np.concatenate([mb["rows"] for mb in in_epoch])
-            assert sorted(seen) == sorted(which_rows(rows, rows["logprobs"], rows["values"], rows["returns"]))
-            partitions.append(sorted(tuple(sorted(mb["rows"])) for mb in in_epoch))
-        # detail 6: the batch is shuffled again for every epoch
-        assert partitions[0] != partitions[1] != partitions[2]
-        for mb in minibatches:
-            r, pg, vf = mb["rows"], mb["pg"]["args"], mb["vf"]["args"]
-            # each sample's own return; its advantage standardized within the minibatch (detail 7)
-            np.testing.assert_allclose(vf["returns"], rows["returns"][r], rtol=1e-5, atol=1e-5)
-            np.testing.assert_allclose(pg["advantages"], standardized(rows["advantages"][r]), atol=1e-4)
-            # the new log-probability and value: the current agent on the sample's observation and action
-            with torch.no_grad():
-                newlogprob, _ = by_hand_policy(mb["agent"], rows["obs"][r], rows["actions"][r])
-            np.testing.assert_allclose(pg["newlogprob"], newlogprob.numpy(), atol=1e-5)
-            np.testing.assert_allclose(vf["newvalue"], value_of(mb["agent"], rows["obs"][r]), atol=1e-5)
-            ratios.append(np.exp(pg["newlogprob"] - pg["logprobs"]))
-        # the logs: the last minibatch's losses and statistics, the clip fraction of all minibatches, the
-        # explained variance of the rollout's values as predictions of its returns, this iteration's rate
-        last = minibatches[-1]
-        logratio = last["pg"]["args"]["newlogprob"] - last["pg"]["args"]["logprobs"]
-        with torch.no_grad():
-            _, entropy = by_hand_policy(last["agent"], rows["obs"][last["rows"]],
-                                        rows["actions"][last["rows"]])
-        clipped = [np.abs(np.exp(mb["pg"]["args"]["newlogprob"] - mb["pg"]["args"]["logprobs"]) - 1)
-                   > args.clip_coef for mb in minibatches]
-        expected = {
-            "charts/learning_rate": args.learning_rate * (1 - iteration / args.num_iterations),
-            "losses/value_loss": last["vf"]["result"],
-            "losses/policy_loss": last["pg"]["result"][0],
-            "losses/entropy": entropy.mean().item(),
-            "losses/old_approx_kl": np.mean(-logratio),
-            "losses/approx_kl": np.mean(np.expm1(logratio) - logratio),
-            "losses/clipfrac": np.mean([c.mean() for c in clipped]),
-            "losses/explained_variance": 1 - np.var(rows["returns"] - rows["values"])
-                                         / np.var(rows["returns"]),
-        }
-        for tag, value in expected.items():
-            assert logged[tag][iteration] == pytest.approx(value, rel=1e-4, abs=1e-6), tag
-    # the run holds what the checks above need to tell right from wrong
-    env = watch.rollout(0, args.num_iterations * args.num_steps)
-    assert env.terminated.any() and env.truncated.any() and not env.dones[args.num_steps - 1].all()
-    ratios = np.concatenate(ratios)
-    assert (ratios < 1 - args.clip_coef).any() and (ratios > 1 + args.clip_coef).any()
-    assert all(abs(logged["losses/explained_variance"][i]) > 1e-3 for i in range(1, args.num_iterations))
+    check_every_quantity_where_it_belongs(events, watch, args, watched_minibatches, by_hand_policy, 1e-5)
 
 
 def test_each_step_applies_the_clipped_gradient_of_the_loss_to_every_parameter(tmp_path, spy, optimizer_steps,
