@@ -75,8 +75,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import tyro
 from torch.utils.tensorboard import SummaryWriter
-from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification,
-                          AutoTokenizer)
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
 
 @dataclass

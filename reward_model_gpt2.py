@@ -18,7 +18,6 @@ InstructGPT (arXiv:2203.02155); Huang et al. 2024, "The N+ Implementation Detail
 
 Usage:
     python reward_model_gpt2.py --model-name ./my-lm --gold vader --num-comparisons 2000 --save-model
-    python reward_model_gpt2.py --model-name ./my-lm --gold vader --preferences-only   # the file, no model
     python reward_model_gpt2.py --model-name ./my-lm --preferences my_comparisons.jsonl --save-model
     python ppo_rlhf_gpt2.py --model-name ./my-lm --reward-model runs/<run>/model   # RLHF on it
     tensorboard --logdir runs   # losses/reward_loss, charts/accuracy, eval/accuracy, eval/gold_accuracy, ...
@@ -73,8 +72,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import tyro
 from torch.utils.tensorboard import SummaryWriter
-from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification,
-                          AutoTokenizer)
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
 
 @dataclass
