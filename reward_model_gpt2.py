@@ -280,8 +280,7 @@ def main(args: Args) -> dict:
     # 2. preferences: with --gold, sample and label them, and write the file before training on it
     preferences = args.preferences
     if args.gold:
-        gold_fn = load_gold_fn(args, device)
-        policy = load_policy(args.model_name, device)
+        gold_fn, policy = load_gold_fn(args, device), load_policy(args.model_name, device)
         prompts = load_gold_prompts(args)
         sampled = sample_comparisons(policy, prompts, tokenizer, stop_token_id, gold_fn, args, device)
         del policy, gold_fn

@@ -523,11 +523,11 @@ def frontier_rows(records: list[dict]) -> list[dict]:
 def tuned_lines(tuning_runs: str, records: list[dict]) -> list[str]:
     """The page's part on the tuning: each method's chosen setting on the test prompts (its test seeds), the
     differences between them, and each grid's validation runs."""
-    methods = [m for m in TUNING if tuning_table(tuning_runs, m)]
+    tables = {m: tuning_table(tuning_runs, m) for m in TUNING}  # each grid's recorded runs, read once
+    methods = [m for m in TUNING if tables[m]]
     if not methods:
         return []
-    complete = [m for m in methods if len(tuning_table(tuning_runs, m)) == len(TUNING[m])]
-    chosen = tuned_settings(tuning_runs, complete)
+    chosen = tuned_settings(tuning_runs, [m for m in methods if len(tables[m]) == len(TUNING[m])])
     initial = read_json(os.path.join(tuning_runs, "initial.json"))
     lines = ["## After equal tuning", "",
              f"Each method's grid of {protocol.MIN_RUNS} settings (`TUNING`, stated before the first run), each run "
@@ -541,8 +541,7 @@ def tuned_lines(tuning_runs: str, records: list[dict]) -> list[str]:
              "tuning: runs, CPU minutes |", "|---" * 7 + "|"]
     tested = {}
     for m in methods:
-        table = tuning_table(tuning_runs, m)
-        runs_cpu = f"{len(table)}/{len(TUNING[m])}, {sum(r['cpu_minutes'] for r in table):.1f}"
+        runs_cpu = f"{len(tables[m])}/{len(TUNING[m])}, {sum(r['cpu_minutes'] for r in tables[m]):.1f}"
         if m not in chosen:
             lines.append(f"| {m} | (tuning runs missing) | - | - | - | - | {runs_cpu} |")
             continue
@@ -568,7 +567,7 @@ def tuned_lines(tuning_runs: str, records: list[dict]) -> list[str]:
         lines += ["", f"{m}'s tuning runs (validation prompts):", "",
                   f"| setting | gold at KL {STOP_KL:g} | CPU minutes to it | CPU minutes of the run | last point: KL, "
                   "gold | chosen |", "|---" * 6 + "|"]
-        for r in tuning_table(tuning_runs, m):
+        for r in tables[m]:
             gold = "not reached" if r["gold"] is None else f"{r['gold']:.3f}"
             cpu = "-" if r["cpu_at"] is None else f"{r['cpu_at']:.1f}"
             lines.append(f"| {r['setting']} | {gold} | {cpu} | {r['cpu_minutes']:.1f} | {r['last']['kl']:.2f}, "
