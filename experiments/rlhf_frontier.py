@@ -7,7 +7,7 @@ learned from them (reward_model_gpt2.py, then ppo_rlhf_gpt2.py or grpo_gpt2.py);
 reward model stands in for; best-of-n on it, the frontier with no training.
 
 One evaluation for every method (`measure`): --samples-per-prompt responses to each of --num-prompts held-out
-prompts (rlhf_overoptimization.py's 64 openings; the preference file's are ppo_rlhf_gpt2.PROMPTS), sampled as the RL
+prompts (shared.py's 64 openings; the preference file's are ppo_rlhf_gpt2.PROMPTS), sampled as the RL
 files sample (dpo_gpt2.generate) from one seeded random stream (the same draws at every point); the gold of prompt +
 response, the KL to the initial policy from the sampled tokens, sum_t log pi(y_t) - log pi_ref(y_t) (k1); means over
 prompts of each prompt's mean, standard errors over prompts. The scripts run unchanged in this process, their
@@ -51,8 +51,8 @@ import dpo_gpt2 as dpo  # noqa: E402
 import grpo_gpt2 as grpo  # noqa: E402
 import ppo_rlhf_gpt2 as rlhf  # noqa: E402
 import reward_model_gpt2 as rm  # noqa: E402
-import rlhf_overoptimization as overopt  # noqa: E402  (the best-of-n math and the held-out prompts)
 import protocol  # noqa: E402  (the tuning rule, the grids' seeds, the t- and Welch intervals)
+import shared  # noqa: E402  (the held-out prompts and the best-of-n math)
 from protocol import difference_interval, mean_interval  # noqa: E402
 
 KL_TARGETS = (1.0, 2.0, 3.0, 6.0)
@@ -100,7 +100,7 @@ class Common:
     model_name: str = "models/smollm2-135m"
     """the initial policy and reference of every method"""
     num_prompts: int = 64
-    """held-out prompts, cycled from rlhf_overoptimization's 64 (EVAL_PROMPTS + MORE_EVAL_PROMPTS)"""
+    """held-out prompts, cycled from shared.py's 64 (EVAL_PROMPTS + MORE_EVAL_PROMPTS)"""
     samples_per_prompt: int = 2
     """responses sampled per prompt at each point of a run"""
     eval_seed: int = 0
@@ -202,7 +202,7 @@ class Frontier:
         self.tokenizer, self.stop_token_id = dpo.load_tokenizer(common.model_name, self.args.stop_token)
         self.reference = dpo.load_policy(common.model_name, self.device)
         self.gold_fn = dpo.load_gold_fn(self.args, self.device)
-        self.prompts = (overopt.load_eval_prompts(None, common.num_prompts) if common.split == "test" else
+        self.prompts = (shared.load_eval_prompts(None, common.num_prompts) if common.split == "test" else
                         [VALIDATION_PROMPTS[i % len(VALIDATION_PROMPTS)] for i in range(common.num_prompts)])
 
     @torch.inference_mode()
@@ -368,8 +368,8 @@ def best_of_n_record(frontier: Frontier, reward_model: str, largest: int) -> dic
     m = frontier.measure(frontier.reference, largest, reward_fn, batch_size=64)  # no KL to compute: larger
     points, n = [], 1
     while n <= largest:
-        _, gold = overopt.best_of_n(m["proxy"], m["gold"], n)
-        points.append({"n": n, "kl": float(overopt.best_of_n_kl(n)), "gold": float(gold.mean()),
+        _, gold = shared.best_of_n(m["proxy"], m["gold"], n)
+        points.append({"n": n, "kl": float(shared.best_of_n_kl(n)), "gold": float(gold.mean()),
                        "gold_se": float(gold.std(ddof=1) / math.sqrt(len(gold)))})
         n *= 2
     return {"method": BEST_OF_N, "setting": f"N {largest}", "seed": 0, "points": points,
@@ -671,7 +671,7 @@ def write_json(path: str, record: dict) -> None:
 
 
 # Validation openings of movie reviews, written for the tuning: none is a training prompt (ppo_rlhf_gpt2.PROMPTS,
-# the preference file's) or a test prompt (rlhf_overoptimization's 64); a test keeps them apart.
+# the preference file's) or a test prompt (shared.py's 64); a test keeps them apart.
 VALIDATION_PROMPTS = [
     "The poster for this film promised", "I caught the matinee on a Tuesday and", "The opening monologue",
     "My uncle, who hates musicals,", "The car chase through the market", "This thriller set on an island",

@@ -67,8 +67,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+sys.path[:0] = [ROOT, os.path.join(ROOT, "experiments")]
 import ppo_rlhf_gpt2 as rlhf  # noqa: E402
+from shared import best_of_n, best_of_n_kl, load_eval_prompts  # noqa: E402  (the held-out prompts, best-of-n)
 
 READING_MARK = "<!-- reading -->"
 SCRIPT = "python experiments/rlhf_overoptimization.py"
@@ -121,35 +122,6 @@ class Report:
 
 
 # --------------------------------------------------------------------------------------------------- the math
-
-
-def best_of_n_weights(num_samples: int, n: int) -> np.ndarray:
-    """P(the i-th best of N samples is the best of a uniformly random n-subset), i = 1..N:
-    C(N - i, n - 1) / C(N, n)."""
-    total = math.comb(num_samples, n)
-    return np.array([math.comb(num_samples - i, n - 1) / total for i in range(1, num_samples + 1)])
-
-
-def best_of_n(proxy: np.ndarray, gold: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Expected proxy and gold of the proxy's best among n, over all n-subsets of each row's N samples
-    (rows: prompts); equal proxies share their weights (random tie-breaking). Returns one value per row."""
-    weights = best_of_n_weights(proxy.shape[1], n)
-    proxy_best, gold_best = [], []
-    for p, g in zip(proxy, gold):
-        order = np.argsort(-p, kind="stable")
-        p, g = p[order], g[order]
-        _, group, counts = np.unique(p, return_inverse=True, return_counts=True)
-        w = (np.bincount(group, weights=weights) / counts)[group]  # each tie group's mean weight
-        proxy_best.append(w @ p)
-        gold_best.append(w @ g)
-    return np.array(proxy_best), np.array(gold_best)
-
-
-def best_of_n_kl(n) -> np.ndarray:
-    """log n - (n - 1) / n nats: an upper bound on KL(best-of-n || initial policy) (Beirami et al. 2024),
-    reached when the proxy's scores are all distinct and the samples continuous; Gao et al.'s best-of-n KL."""
-    n = np.asarray(n, dtype=np.float64)
-    return np.log(n) - (n - 1) / n
 
 
 def fit_gold(d, gold, form: str) -> tuple[float, float] | None:
@@ -222,17 +194,6 @@ def bootstrap_interval(statistic, num_prompts: int, resamples: int = 4000, seed:
     values = [statistic(rng.integers(0, num_prompts, num_prompts)) for _ in range(resamples)]
     low, high = np.percentile(values, [2.5, 97.5])
     return float(low), float(high)
-
-
-def load_eval_prompts(prompts_file: str | None, num_prompts: int) -> list[str]:
-    prompts = list(rlhf.EVAL_PROMPTS) + MORE_EVAL_PROMPTS
-    if prompts_file is not None:
-        if not os.path.isfile(prompts_file):
-            raise SystemExit(f"error: --prompts-file {prompts_file}: no such file")
-        prompts = [line.strip() for line in open(prompts_file) if line.strip()]
-        if not prompts:
-            raise SystemExit(f"error: --prompts-file {prompts_file} contains no prompts")
-    return [prompts[i % len(prompts)] for i in range(num_prompts)]
 
 
 def score(reward_fn, texts: list[str], responses: list[str], chunk: int) -> list[float]:
@@ -781,30 +742,6 @@ def main(args) -> None:
         run_ppo(args)
     else:
         run_report(args)
-
-
-# More held-out openings of movie reviews, written for this experiment (with ppo_rlhf_gpt2.EVAL_PROMPTS: 64
-# distinct prompts that neither the proxies' comparisons nor PPO's training used).
-MORE_EVAL_PROMPTS = [
-    "The opening title sequence", "My little brother begged to see this, and",
-    "The second film in the series", "The festival crowd around me", "This black-and-white drama",
-    "The hero's best friend", "Every critic I read before going in", "The set pieces on the train",
-    "Nothing prepared me for how the film", "The war veteran at the heart of the story",
-    "This coming-of-age tale", "The dubbing in the version I saw",
-    "My book club picked the adaptation because", "The road trip that takes up most of the film",
-    "This documentary about a chess prodigy", "The courtroom scenes in the last hour",
-    "Halfway through the second act,", "The costumes in this period piece", "The director's cameo",
-    "This slasher from the eighties", "The score by a young composer", "My teenage daughter thought the film",
-    "The monster itself", "The quiet scenes between mother and son", "This heist comedy",
-    "The political subplot", "Three hours is a long time, and this film",
-    "The animated short before the feature", "The final shot of the city", "This western set in the snow",
-    "The lead actor's accent", "The sequel nobody asked for", "The jokes in the first ten minutes",
-    "This film about a small bakery", "The night scenes in the forest",
-    "When the lights came up, the audience", "The villain's motive", "This remake of a foreign thriller",
-    "The love triangle", "The pacing of the middle hour", "This musical biopic", "The dog in this movie",
-    "The scenes on the spaceship", "Watching this on a plane,", "This film about two rival chefs",
-    "The flashbacks to the war", "The ending everyone is talking about", "The first time the hero speaks,",
-]
 
 
 if __name__ == "__main__":

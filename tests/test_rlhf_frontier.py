@@ -257,7 +257,7 @@ def test_the_protocol_s_rule_by_hand():
 
 
 def test_the_grids_meet_the_protocol_and_the_three_prompt_sets_are_disjoint():
-    import rlhf_overoptimization as overopt
+    import shared
 
     assert set(F.TUNING) == {"dpo", "ppo", "grpo"}
     assert {len(g) for g in F.TUNING.values()} == {F.protocol.MIN_RUNS}  # the same budget for every method
@@ -266,7 +266,7 @@ def test_the_grids_meet_the_protocol_and_the_three_prompt_sets_are_disjoint():
             args, _ = F.script_args(F.METHODS[method][0], flags.format(rm="vader", prefs="p.jsonl"), 1,
                                     F.Common(), "/tmp/unused")
             assert args.learning_rate > 0
-    validation, test = set(F.VALIDATION_PROMPTS), set(overopt.load_eval_prompts(None, 64))
+    validation, test = set(F.VALIDATION_PROMPTS), set(shared.load_eval_prompts(None, 64))
     assert len(validation) == len(F.VALIDATION_PROMPTS) == 64 and len(test) == 64
     assert not validation & test and not validation & set(F.rlhf.PROMPTS) and not test & set(F.rlhf.PROMPTS)
     assert F.protocol.TUNING_SEED not in F.protocol.TEST_SEEDS
@@ -303,7 +303,7 @@ def test_tuning_runs_stop_at_the_kl_and_the_tuned_run_takes_the_rule_s_choice(ti
     # the chosen setting, full length, at a test seed, on the test prompts
     seen.clear()
     F.run(F.Run(preferences=tiny_frontier["prefs"], methods=["ppo"], seeds=[4], tuned=True, **common))
-    test_prompts = F.overopt.load_eval_prompts(None, 3)
+    test_prompts = F.shared.load_eval_prompts(None, 3)
     assert seen and all(s == test_prompts for s in seen)
     record = json.loads((runs / "ppo" / "lr_2e-3__4.json").read_text())
     assert [p["step"] for p in record["points"]] == [0, 2, 4, 6] and "--learning-rate 2e-3" in record["command"]

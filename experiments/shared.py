@@ -1,0 +1,88 @@
+"""What the RLHF experiments share: the held-out prompts and the best-of-n math.
+
+The held-out prompts are ppo_rlhf_gpt2.EVAL_PROMPTS and MORE_EVAL_PROMPTS below, 64 distinct movie-review openings
+that neither the preference files (ppo_rlhf_gpt2.PROMPTS) nor PPO's training use: rlhf_overoptimization.py's
+best-of-n prompts and rlhf_frontier.py's test set.
+
+Best-of-n keeps the response the proxy ranks highest among n. Its expected proxy and gold over all n-subsets of a
+prompt's N samples: sort by proxy, the i-th best (from 1) is the subset's best with probability
+C(N - i, n - 1) / C(N, n); tied proxies share their weights equally (the expectation under random tie-breaking).
+Its KL to the initial policy is at most log n - (n - 1) / n nats (Stiennon et al. 2020 and Gao et al. 2022 use it
+as the KL; Beirami et al. 2024 show it is an upper bound).
+"""
+
+import math
+import os
+import sys
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+import ppo_rlhf_gpt2 as rlhf  # noqa: E402
+
+
+def best_of_n_weights(num_samples: int, n: int) -> np.ndarray:
+    """P(the i-th best of N samples is the best of a uniformly random n-subset), i = 1..N:
+    C(N - i, n - 1) / C(N, n)."""
+    total = math.comb(num_samples, n)
+    return np.array([math.comb(num_samples - i, n - 1) / total for i in range(1, num_samples + 1)])
+
+
+def best_of_n(proxy: np.ndarray, gold: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Expected proxy and gold of the proxy's best among n, over all n-subsets of each row's N samples
+    (rows: prompts); equal proxies share their weights (random tie-breaking). Returns one value per row."""
+    weights = best_of_n_weights(proxy.shape[1], n)
+    proxy_best, gold_best = [], []
+    for p, g in zip(proxy, gold):
+        order = np.argsort(-p, kind="stable")
+        p, g = p[order], g[order]
+        _, group, counts = np.unique(p, return_inverse=True, return_counts=True)
+        w = (np.bincount(group, weights=weights) / counts)[group]  # each tie group's mean weight
+        proxy_best.append(w @ p)
+        gold_best.append(w @ g)
+    return np.array(proxy_best), np.array(gold_best)
+
+
+def best_of_n_kl(n) -> np.ndarray:
+    """log n - (n - 1) / n nats: an upper bound on KL(best-of-n || initial policy) (Beirami et al. 2024),
+    reached when the proxy's scores are all distinct and the samples continuous; Gao et al.'s best-of-n KL."""
+    n = np.asarray(n, dtype=np.float64)
+    return np.log(n) - (n - 1) / n
+
+
+def load_eval_prompts(prompts_file: str | None, num_prompts: int) -> list[str]:
+    """num_prompts held-out prompts, cycled from the 64 (or from a file's, one a line)."""
+    prompts = list(rlhf.EVAL_PROMPTS) + MORE_EVAL_PROMPTS
+    if prompts_file is not None:
+        if not os.path.isfile(prompts_file):
+            raise SystemExit(f"error: --prompts-file {prompts_file}: no such file")
+        prompts = [line.strip() for line in open(prompts_file) if line.strip()]
+        if not prompts:
+            raise SystemExit(f"error: --prompts-file {prompts_file} contains no prompts")
+    return [prompts[i % len(prompts)] for i in range(num_prompts)]
+
+
+# More held-out openings of movie reviews, written for rlhf_overoptimization.py (with ppo_rlhf_gpt2.EVAL_PROMPTS: 64
+# distinct prompts that neither the proxies' comparisons nor PPO's training used).
+MORE_EVAL_PROMPTS = [
+    "The opening title sequence", "My little brother begged to see this, and",
+    "The second film in the series", "The festival crowd around me", "This black-and-white drama",
+    "The hero's best friend", "Every critic I read before going in", "The set pieces on the train",
+    "Nothing prepared me for how the film", "The war veteran at the heart of the story",
+    "This coming-of-age tale", "The dubbing in the version I saw",
+    "My book club picked the adaptation because", "The road trip that takes up most of the film",
+    "This documentary about a chess prodigy", "The courtroom scenes in the last hour",
+    "Halfway through the second act,", "The costumes in this period piece", "The director's cameo",
+    "This slasher from the eighties", "The score by a young composer", "My teenage daughter thought the film",
+    "The monster itself", "The quiet scenes between mother and son", "This heist comedy",
+    "The political subplot", "Three hours is a long time, and this film",
+    "The animated short before the feature", "The final shot of the city", "This western set in the snow",
+    "The lead actor's accent", "The sequel nobody asked for", "The jokes in the first ten minutes",
+    "This film about a small bakery", "The night scenes in the forest",
+    "When the lights came up, the audience", "The villain's motive", "This remake of a foreign thriller",
+    "The love triangle", "The pacing of the middle hour", "This musical biopic", "The dog in this movie",
+    "The scenes on the spaceship", "Watching this on a plane,", "This film about two rival chefs",
+    "The flashbacks to the war", "The ending everyone is talking about", "The first time the hero speaks,",
+]
