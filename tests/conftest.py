@@ -767,3 +767,177 @@ def standardized(x):
 
 LOGGED = ("charts/learning_rate", "losses/value_loss", "losses/policy_loss", "losses/entropy",
           "losses/old_approx_kl", "losses/approx_kl", "losses/clipfrac", "losses/explained_variance")
+
+
+# ------------------------------------------------------------------------ the gym scripts' shared pieces, once
+
+# the TensorBoard tags every gym script logs, and those only the PPO scripts log (a ratio, something to clip)
+SHARED_TAGS = ["charts/episodic_return", "charts/episodic_length", "charts/learning_rate", "charts/SPS",
+               "losses/value_loss", "losses/policy_loss", "losses/entropy", "losses/explained_variance",
+               "eval/episodic_return"]
+PPO_ONLY_TAGS = ["losses/old_approx_kl", "losses/approx_kl", "losses/clipfrac"]
+
+
+def args_maker(module, **defaults):
+    """`make(tmp_path, **kw)`: module.Args with its runs in tmp_path, `defaults` and then kw."""
+    return lambda tmp_path, **kw: module.Args(**{"runs_dir": str(tmp_path), **defaults, **kw})
+
+
+def cartpole_args(module):
+    """small_args of a discrete script: a 3000-step CartPole-v1 run on the CPU with 2 evaluation episodes and the
+    agent saved."""
+    return args_maker(module, total_timesteps=3000, eval_episodes=2, save_model=True, cuda=False)
+
+
+def check_orthogonal(layer, gain):
+    """Detail 2 for one layer: its weight (flattened past the first axis) has orthonormal columns or rows times
+    `gain`, and its bias is 0."""
+    w = layer.weight.detach().double().flatten(1)
+    small = w.T @ w if w.shape[0] >= w.shape[1] else w @ w.T
+    torch.testing.assert_close(small, gain**2 * torch.eye(min(w.shape), dtype=torch.float64), rtol=0,
+                               atol=gain**2 * 1e-5)
+    assert not layer.bias.any()
+
+
+def check_orthogonal_mlp(net, in_dim, out_dim, out_gain):
+    """A network of Linear layers in_dim -> 64 -> 64 -> out_dim, orthogonal with gains sqrt(2), sqrt(2), out_gain."""
+    layers = [layer for layer in net if isinstance(layer, torch.nn.Linear)]
+    assert [(layer.in_features, layer.out_features) for layer in layers] == [(in_dim, 64), (64, 64), (64, out_dim)]
+    for layer, gain in zip(layers, (2**0.5, 2**0.5, out_gain)):
+        check_orthogonal(layer, gain)
+
+
+def check_categorical_networks_start_orthogonal(module):
+    """A discrete script's Agent(4, 3): critic and actor as check_orthogonal_mlp, output gains 1 and 0.01."""
+    torch.manual_seed(0)
+    agent = module.Agent(4, 3)
+    check_orthogonal_mlp(agent.critic, 4, 1, 1.0)
+    check_orthogonal_mlp(agent.actor, 4, 3, 0.01)
+
+
+# (the greedy action, the return of its TinyDiscrete episode): 1 + 2 + 3 + 4 to the time limit, or 1 + 2 + 3
+GREEDY_EPISODES = [(0, 1.0 + 2.0 + 3.0 + 4.0), (1, 1.0 + 2.0 + 3.0)]
+
+
+def check_evaluate_plays_the_greedy_action(module, action, episode_return):
+    """TinyDiscrete pays 1 + t at step t; action 1 at t = 2 ends the episode, else the time limit does after 4:
+    three evaluation episodes of an agent whose greedy action is `action` each return `episode_return`."""
+    agent = module.Agent(1, 2)
+    with torch.no_grad():
+        agent.actor[-1].weight.zero_()
+        agent.actor[-1].bias.copy_(torch.tensor([1.0, -1.0]) * (1 if action == 0 else -1))
+    assert module.evaluate(agent, "TinyDiscrete-v0", 3, 0, torch.device("cpu")) == [episode_return] * 3
+
+
+def softmax_policy_by_hand(agent, obs, actions):
+    """log pi(a | s) of the given actions and the entropy of pi(. | s), from the actor's logits by the softmax
+    formula (none of the script's helpers), with the graph kept for gradients."""
+    logits = agent.actor(torch.as_tensor(obs, dtype=torch.float32))
+    log_probs = logits - logits.exp().sum(-1, keepdim=True).log()
+    logprob = log_probs[torch.arange(len(obs)), torch.as_tensor(actions, dtype=torch.long)]
+    return logprob, -(log_probs.exp() * log_probs).sum(-1)
+
+
+def leaning(agent_class):
+    """agent_class with a policy that is not uniform at any state (the initial one is, at TinyDiscrete's first
+    observation [0]), so that a log-probability tells the actions apart, while both are still taken."""
+
+    class LeaningAgent(agent_class):
+        def __init__(self, *args):
+            super().__init__(*args)
+            with torch.no_grad():
+                self.actor[-1].bias.copy_(torch.tensor([0.5, -0.5]))
+
+    return LeaningAgent
+
+
+def peaked(agent_class):
+    """agent_class with a policy far from uniform, where the entropy has a sizeable gradient to follow."""
+
+    class PeakedAgent(agent_class):
+        def __init__(self, *args):
+            super().__init__(*args)
+            with torch.no_grad():
+                self.actor[-1].bias.copy_(torch.linspace(2.0, -2.0, self.actor[-1].bias.numel()))
+
+    return PeakedAgent
+
+
+def gae_reference(rewards, values, next_values, terminations, dones, gamma, lam):
+    """A_t as the explicit sum  sum_k (gamma * lam)^k * delta_{t+k}, up to the end of t's episode or of the
+    rollout (nested lists or arrays, indexed [step][env])."""
+    T, N = len(rewards), len(rewards[0])
+    advantages = np.zeros((T, N))
+    for env in range(N):
+        for t in range(T):
+            for k in range(T - t):
+                s = t + k
+                bootstrap = 0.0 if terminations[s][env] else gamma * next_values[s][env]
+                advantages[t, env] += (gamma * lam) ** k * (rewards[s][env] + bootstrap - values[s][env])
+                if dones[s][env]:
+                    break
+    return advantages
+
+
+def random_rollout(seed, T=23, N=4, p=0.1):
+    """Random rewards, values and bootstrap values (final-observation values at truncations) of T steps of N envs,
+    each step terminated or else truncated with probability p: (rewards, values, next_values, terminations,
+    dones)."""
+    rng = np.random.default_rng(seed)
+    rewards = rng.normal(size=(T, N))
+    values = rng.normal(size=(T, N))
+    next_values = rng.normal(size=(T, N))
+    terminations = rng.random((T, N)) < p
+    truncations = (rng.random((T, N)) < p) & ~terminations
+    assert terminations.any() and truncations.any()
+    return rewards, values, next_values, terminations, terminations | truncations
+
+
+def check_gae_against_the_explicit_sum(compute_gae, array, rollout, gamma, lam):
+    """A script's compute_gae on a random_rollout (passed as `array`s: float64 tensors or arrays) against
+    gae_reference: the advantages, and the returns as advantages + values."""
+    rewards, values, next_values, terminations, dones = rollout
+    advantages, returns = compute_gae(*map(array, rollout), gamma, lam)
+    expected = gae_reference(rewards, values, next_values, terminations, dones, gamma, lam)
+    np.testing.assert_allclose(as_numpy(advantages), expected, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(as_numpy(returns), expected + values, rtol=1e-10, atol=1e-10)
+
+
+def bootstrap_values(critic, env, next_obs=None, final_obs=None):
+    """V of the state each step of a watched rollout `env` (RunSpy.rollout) reached: the next observation inside
+    an episode and at the end of the rollout, the final observation at a truncation (after a termination it is
+    zeroed, so it may be anything). `next_obs` and `final_obs`: the observations as the agent saw them, where they
+    are not the env's own (normalized)."""
+    next_obs = np.concatenate([env.obs[1:], env.next_obs[None]]) if next_obs is None else next_obs
+    final_obs = env.final_obs if final_obs is None else final_obs
+    next_values = value_of(critic, next_obs)
+    next_values[env.truncated] = value_of(critic, final_obs[env.truncated])
+    return next_values
+
+
+def check_each_loss_reaches(agent, losses):
+    """Each (loss, prefixes) of `losses` sends a nonzero gradient to exactly those of the agent's parameters whose
+    names start with `prefixes` (which loss reaches which network, through the script's own forward pass)."""
+    names, params = zip(*agent.named_parameters())
+    for loss, reaches in losses:
+        for name, grad in zip(names, torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)):
+            assert (grad is not None and grad.abs().max() > 0) == name.startswith(reaches), (name, reaches)
+
+
+def check_entropy_bonus_gradient(module, watch, optimizer_steps, args_with, batch_obs, ent_coef=0.5):
+    """Two runs of one update from the same seed, so the same agent and batch, without and with the bonus
+    (args_with(name, ent_coef)): their gradients differ by the bonus's alone, -ent_coef * grad(mean entropy
+    over the batch's observations, batch_obs(args)), worked out with torch's Categorical."""
+    for name, coef in (("without", 0.0), ("with", ent_coef)):
+        args = args_with(name, coef)
+        module.main(args)
+    assert len(optimizer_steps) == 2
+    obs = torch.as_tensor(batch_obs(args), dtype=torch.float32)
+    agent = watch.initial_agent
+    entropy = torch.distributions.Categorical(logits=agent.actor(obs)).entropy().mean()
+    expected = torch.autograd.grad(-ent_coef * entropy, list(agent.parameters()), allow_unused=True)
+    assert max(g.abs().max() for g in expected if g is not None) > 0.01
+    for without, with_bonus, bonus, param in zip(*(step.grads for step in optimizer_steps), expected,
+                                                 agent.parameters()):
+        bonus = torch.zeros_like(param) if bonus is None else bonus  # the critic's parameters
+        torch.testing.assert_close(with_bonus - without, bonus, rtol=1e-4, atol=1e-6)

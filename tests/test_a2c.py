@@ -6,24 +6,14 @@ import pytest
 import torch
 
 import a2c
-from conftest import (check_categorical_agent_by_hand, check_checkpoint_plays_its_own_env,
+from conftest import (GREEDY_EPISODES, PPO_ONLY_TAGS, SHARED_TAGS, args_maker, bootstrap_values, cartpole_args,
+                      check_categorical_agent_by_hand, check_categorical_networks_start_orthogonal,
+                      check_checkpoint_plays_its_own_env, check_each_loss_reaches, check_entropy_bonus_gradient,
+                      check_evaluate_plays_the_greedy_action, check_gae_against_the_explicit_sum,
                       check_greedy_evaluation_draws_independent_episodes, check_logged_episodes,
-                      check_one_step_gae, check_same_step_autoreset, unusable_checkpoint, walker_agent_pt)
-
-SHARED_TAGS = [
-    "charts/episodic_return",
-    "charts/episodic_length",
-    "charts/learning_rate",
-    "charts/SPS",
-    "losses/value_loss",
-    "losses/policy_loss",
-    "losses/entropy",
-    "losses/explained_variance",
-    "eval/episodic_return",
-]
-PPO_ONLY_TAGS = ["losses/old_approx_kl", "losses/approx_kl", "losses/clipfrac"]
-
-
+                      check_one_step_gae, check_same_step_autoreset, gae_reference, leaning, peaked,
+                      random_rollout, softmax_policy_by_hand, standardized, unusable_checkpoint, value_of,
+                      walker_agent_pt)
 
 
 # ---------------------------------------------------------------------------- math
@@ -46,34 +36,6 @@ def n_step_returns_reference(rewards, next_values, terminations, dones, gamma):
                     break
             returns[t][env] = total
     return returns
-
-
-def gae_reference(rewards, values, next_values, terminations, dones, gamma, lam):
-    """A_t as the explicit sum  sum_k (gamma * lam)^k * delta_{t+k}, up to the end of t's episode or of the
-    rollout."""
-    T, N = rewards.shape
-    advantages = np.zeros((T, N))
-    for env in range(N):
-        for t in range(T):
-            for k in range(T - t):
-                s = t + k
-                bootstrap = gamma * (1 - terminations[s, env]) * next_values[s, env]
-                delta = rewards[s, env] + bootstrap - values[s, env]
-                advantages[t, env] += (gamma * lam) ** k * delta
-                if dones[s, env]:
-                    break
-    return advantages
-
-
-def random_rollout(seed, T=23, N=4):
-    rng = np.random.default_rng(seed)
-    rewards = rng.normal(size=(T, N))
-    values = rng.normal(size=(T, N))
-    next_values = rng.normal(size=(T, N))  # bootstrap values, final-observation values at truncations
-    terminations = rng.random((T, N)) < 0.1
-    truncations = (rng.random((T, N)) < 0.1) & ~terminations
-    assert terminations.any() and truncations.any()
-    return rewards, values, next_values, terminations, terminations | truncations
 
 
 def t64(a):
@@ -128,12 +90,7 @@ def test_gae_with_lambda_one_is_the_n_step_return_and_lambda_zero_is_one_step(se
 @pytest.mark.parametrize("seed", range(3))
 def test_gae_matches_the_explicit_sum_of_discounted_td_residuals(seed):
     # lambda strictly between 0 and 1, where GAE is neither the n-step return nor TD(0)
-    rewards, values, next_values, terminations, dones = random_rollout(seed)
-    advantages, returns = a2c.compute_gae(t64(rewards), t64(values), t64(next_values), t64(terminations),
-                                          t64(dones), 0.9, 0.7)
-    expected = gae_reference(rewards, values, next_values, terminations, dones, 0.9, 0.7)
-    np.testing.assert_allclose(advantages.numpy(), expected, rtol=1e-10, atol=1e-10)
-    np.testing.assert_allclose(returns.numpy(), expected + values, rtol=1e-10, atol=1e-10)
+    check_gae_against_the_explicit_sum(a2c.compute_gae, t64, random_rollout(seed), 0.9, 0.7)
 
 
 def test_gae_by_hand():
@@ -151,28 +108,12 @@ def test_gae_by_hand():
 
 
 def test_networks_start_orthogonal_with_the_gains_of_detail_2():
-    torch.manual_seed(0)
-    agent = a2c.Agent(4, 3)
-    for net, out_gain in ((agent.critic, 1.0), (agent.actor, 0.01)):
-        layers = [layer for layer in net if isinstance(layer, torch.nn.Linear)]
-        shapes = [(layer.in_features, layer.out_features) for layer in layers]
-        assert shapes == [(4, 64), (64, 64), (64, 1 if net is agent.critic else 3)]
-        for layer, gain in zip(layers, (2**0.5, 2**0.5, out_gain)):
-            w = layer.weight.detach().double()
-            small = w.T @ w if w.shape[0] >= w.shape[1] else w @ w.T  # orthonormal columns or rows, x gain
-            eye = torch.eye(min(w.shape), dtype=torch.float64)
-            torch.testing.assert_close(small, gain**2 * eye, rtol=0, atol=gain**2 * 1e-5)
-            assert not layer.bias.any()
+    check_categorical_networks_start_orthogonal(a2c)
 
 
-@pytest.mark.parametrize("action, episode_return", [(0, 1.0 + 2.0 + 3.0 + 4.0), (1, 1.0 + 2.0 + 3.0)])
+@pytest.mark.parametrize("action, episode_return", GREEDY_EPISODES)
 def test_evaluate_plays_the_greedy_action_to_the_end_of_each_episode(action, episode_return):
-    # TinyDiscrete pays 1 + t at step t; action 1 at t = 2 ends the episode, else the time limit does after 4
-    agent = a2c.Agent(1, 2)
-    with torch.no_grad():
-        agent.actor[-1].weight.zero_()
-        agent.actor[-1].bias.copy_(torch.tensor([1.0, -1.0]) * (1 if action == 0 else -1))
-    assert a2c.evaluate(agent, "TinyDiscrete-v0", 3, 0, torch.device("cpu")) == [episode_return] * 3
+    check_evaluate_plays_the_greedy_action(a2c, action, episode_return)
 
 
 def test_policy_loss_gradient_is_minus_advantage_times_score():
@@ -203,10 +144,7 @@ def test_agent_is_two_tanh_layers_and_a_softmax_policy_worked_out_by_hand():
 # ---------------------------------------------------------------------------- runs
 
 
-def small_args(tmp_path, **kw):
-    defaults = dict(runs_dir=str(tmp_path), total_timesteps=3000, eval_episodes=2, save_model=True, cuda=False)
-    defaults.update(kw)
-    return a2c.Args(**defaults)
+small_args = cartpole_args(a2c)
 
 
 @pytest.fixture(scope="module")
@@ -258,18 +196,26 @@ def test_ctrl_c_during_evaluation_keeps_logs_and_saves(tmp_path, interrupted_eva
 # ---------------------------------------------------------------------------- wiring: what reaches the math
 
 
-def tiny_args(tmp_path, **kw):
-    """Two updates on conftest.py's TinyDiscrete-v0 (time limit 4): 2 envs x 5 steps, so that the rollouts hold
-    terminations, truncations and episodes cut by the end of the rollout."""
-    defaults = dict(env_id="TinyDiscrete-v0", num_envs=2, num_steps=5, total_timesteps=20, eval_episodes=0,
-                    runs_dir=str(tmp_path), cuda=False)
-    defaults.update(kw)
-    return a2c.Args(**defaults)
+# Two updates on conftest.py's TinyDiscrete-v0 (time limit 4): 2 envs x 5 steps, so that the rollouts hold
+# terminations, truncations and episodes cut by the end of the rollout.
+tiny_args = args_maker(a2c, env_id="TinyDiscrete-v0", num_envs=2, num_steps=5, total_timesteps=20, eval_episodes=0,
+                       cuda=False)
 
 
-def value_of(agent, obs):
-    with torch.no_grad():
-        return agent.get_value(torch.as_tensor(obs, dtype=torch.float32)).double().numpy()
+def returns_and_advantages(env, values, next_values, args):
+    """The returns and advantages of a watched rollout `env`, as the explicit sums: n-step, or GAE with --gae (the
+    bootstrap: next_values, nothing after a termination); the advantages flattened and, with --norm-adv,
+    standardized (detail 7)."""
+    if args.gae:
+        advantages = gae_reference(env.rewards, values, next_values, env.terminated, env.dones, args.gamma,
+                                   args.gae_lambda)
+        returns = advantages + values
+    else:
+        returns = np.array(n_step_returns_reference(env.rewards.tolist(), next_values.tolist(),
+                                                    env.terminated.tolist(), env.dones.tolist(), args.gamma))
+        advantages = returns - values
+    advantages = advantages.ravel()
+    return returns, standardized(advantages) if args.norm_adv else advantages
 
 
 @pytest.mark.parametrize("kw", [dict(), dict(gae=True, gae_lambda=0.9), dict(norm_adv=True)], ids=["n-step", "gae", "norm-adv"])
@@ -287,24 +233,12 @@ def test_rollout_reaches_the_update_with_the_right_masks_bootstraps_and_advantag
         np.testing.assert_array_equal(got["dones"], env.dones)  # both end the episode for the return
         # the value of the state each step reached: the next observation inside an episode and at the end of the
         # rollout, the final observation at a truncation; after a termination it is zeroed, so it may be anything
-        values = value_of(critic, env.obs)
-        next_values = value_of(critic, np.concatenate([env.obs[1:], env.next_obs[None]]))
-        next_values[env.truncated] = value_of(critic, env.final_obs[env.truncated])
+        values, next_values = value_of(critic, env.obs), bootstrap_values(critic, env)
         reached = ~env.terminated
         np.testing.assert_allclose(got["next_values"][reached], next_values[reached], rtol=1e-6, atol=1e-6)
 
         # what the losses see: the whole batch, in rollout order, with the returns and advantages worked out here
-        if args.gae:
-            advantages = gae_reference(env.rewards, values, next_values, env.terminated, env.dones, args.gamma,
-                                       args.gae_lambda)
-            returns = advantages + values
-        else:
-            returns = np.array(n_step_returns_reference(env.rewards.tolist(), next_values.tolist(),
-                                                        env.terminated.tolist(), env.dones.tolist(), args.gamma))
-            advantages = returns - values
-        advantages = advantages.ravel()
-        if args.norm_adv:  # detail 7
-            advantages = (advantages - advantages.mean()) / (advantages.std(ddof=1) + 1e-8)
+        returns, advantages = returns_and_advantages(env, values, next_values, args)
         np.testing.assert_allclose(vf["args"]["returns"], returns.ravel(), rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(pg["args"]["advantages"], advantages, rtol=1e-5, atol=1e-5)
     env = watch.rollout(0, args.num_iterations * args.num_steps)  # the rollouts hold every case checked above
@@ -327,46 +261,18 @@ def test_update_fits_the_critic_and_clips_the_gradient(tmp_path, spy, optimizer_
         assert losses[1] < losses[0]
 
 
-class PeakedAgent(a2c.Agent):
-    """A policy far from uniform, where the entropy has a sizeable gradient."""
-
-    def __init__(self, *args):
-        super().__init__(*args)
-        with torch.no_grad():
-            self.actor[-1].bias.copy_(torch.linspace(2.0, -2.0, self.actor[-1].bias.numel()))
-
-
 def test_entropy_bonus_adds_minus_ent_coef_times_the_entropy_gradient(tmp_path, spy, optimizer_steps, monkeypatch):
-    # two runs of one update from the same seed, so the same agent and rollout, without and with the bonus; no
-    # gradient clipping, so that their gradients differ by the bonus's alone: -ent_coef * grad(mean entropy)
-    monkeypatch.setattr(a2c, "Agent", PeakedAgent)
+    # one update each, from one seed, over the first rollout; no gradient clipping, so that the gradients differ
+    # by the bonus's alone
+    monkeypatch.setattr(a2c, "Agent", peaked(a2c.Agent))
     watch = spy(a2c)
-    ent_coef = 0.5
-    for name, coef in (("without", 0.0), ("with", ent_coef)):
-        args = tiny_args(tmp_path / name, total_timesteps=10, ent_coef=coef, max_grad_norm=1e9)
-        a2c.main(args)
-    assert len(optimizer_steps) == 2
-    obs = torch.as_tensor(np.concatenate([x for x, _, _ in watch.acted[: args.num_steps]]), dtype=torch.float32)
-    agent = watch.initial_agent
-    entropy = torch.distributions.Categorical(logits=agent.actor(obs)).entropy().mean()
-    expected = torch.autograd.grad(-ent_coef * entropy, list(agent.parameters()), allow_unused=True)
-    assert max(g.abs().max() for g in expected if g is not None) > 0.01
-    for without, with_bonus, bonus, param in zip(*(step.grads for step in optimizer_steps), expected,
-                                                 agent.parameters()):
-        bonus = torch.zeros_like(param) if bonus is None else bonus  # the critic's parameters
-        torch.testing.assert_close(with_bonus - without, bonus, rtol=1e-4, atol=1e-6)
+    check_entropy_bonus_gradient(
+        a2c, watch, optimizer_steps,
+        lambda name, coef: tiny_args(tmp_path / name, total_timesteps=10, ent_coef=coef, max_grad_norm=1e9),
+        lambda args: np.concatenate([x for x, _, _ in watch.acted[: args.num_steps]]))
 
 
 # ------------------------------------------------------------------ main()'s glue, worked out independently
-
-
-def by_hand_policy(agent, obs, actions):
-    """log pi(a | s) of the given actions and the entropy of pi(. | s), from the actor's logits by the softmax
-    formula (none of the script's helpers), with the graph kept for gradients."""
-    logits = agent.actor(torch.as_tensor(obs, dtype=torch.float32))
-    log_probs = logits - logits.exp().sum(-1, keepdim=True).log()
-    logprob = log_probs[torch.arange(len(obs)), torch.as_tensor(actions, dtype=torch.long)]
-    return logprob, -(log_probs.exp() * log_probs).sum(-1)
 
 
 def rollout_batch(watch, args, iteration, critic):
@@ -379,32 +285,10 @@ def rollout_batch(watch, args, iteration, critic):
     env, acted = watch.rollout(iteration * T, T), watch.acted[iteration * T : (iteration + 1) * T]
     np.testing.assert_array_equal(np.stack([x for x, _, _ in acted]), env.obs)
     values = value_of(critic, env.obs)
-    next_values = value_of(critic, np.concatenate([env.obs[1:], env.next_obs[None]]))
-    next_values[env.truncated] = value_of(critic, env.final_obs[env.truncated])
-    if args.gae:
-        advantages = gae_reference(env.rewards, values, next_values, env.terminated, env.dones, args.gamma,
-                                   args.gae_lambda)
-        returns = advantages + values
-    else:
-        returns = np.array(n_step_returns_reference(env.rewards.tolist(), next_values.tolist(),
-                                                    env.terminated.tolist(), env.dones.tolist(), args.gamma))
-        advantages = returns - values
-    advantages = advantages.ravel()
-    if args.norm_adv:
-        advantages = (advantages - advantages.mean()) / (advantages.std(ddof=1) + 1e-8)
+    returns, advantages = returns_and_advantages(env, values, bootstrap_values(critic, env), args)
     return dict(obs=env.obs.reshape(-1, 1), actions=np.stack([a for _, a, _ in acted]).ravel(),
                 logprobs=np.stack([lp for _, _, lp in acted]).ravel(), values=values.ravel(),
                 returns=returns.ravel(), advantages=advantages)
-
-
-class LeaningAgent(a2c.Agent):
-    """A policy that is not uniform at any state (the initial one is, at TinyDiscrete's first observation
-    [0]), so that a log-probability tells the actions apart, while both are still taken."""
-
-    def __init__(self, *args):
-        super().__init__(*args)
-        with torch.no_grad():
-            self.actor[-1].bias.copy_(torch.tensor([0.5, -0.5]))
 
 
 LOGGED = ("charts/learning_rate", "losses/value_loss", "losses/policy_loss", "losses/entropy",
@@ -417,7 +301,7 @@ def test_main_passes_each_quantity_where_it_belongs(tmp_path, spy, read_events, 
     works out itself, in a run where the wrong wirings differ: 3 updates (the critic has learned, so values
     differ from returns and a stale agent shows), episodes of 3 and 4 steps with gamma 0.8 and lambda 0.7
     (n-step, GAE and TD(0) disagree), truncations, terminations and a rollout end inside an episode."""
-    monkeypatch.setattr(a2c, "Agent", LeaningAgent)
+    monkeypatch.setattr(a2c, "Agent", leaning(a2c.Agent))
     watch = spy(a2c, ["compute_gae" if kw.get("gae") else "compute_returns", "policy_loss", "value_loss"])
     args = tiny_args(tmp_path, total_timesteps=30, gamma=0.8, gae_lambda=0.7, learning_rate=1e-2, **kw)
     events = read_events(a2c.main(args)["run_dir"])
@@ -428,7 +312,7 @@ def test_main_passes_each_quantity_where_it_belongs(tmp_path, spy, read_events, 
         agent = returns_call["agent"]  # as the update found it
         batch = rollout_batch(watch, args, iteration, agent)
         with torch.no_grad():
-            logprob, entropy = by_hand_policy(agent, batch["obs"], batch["actions"])
+            logprob, entropy = softmax_policy_by_hand(agent, batch["obs"], batch["actions"])
         # the update scores the rollout's own states and actions with the parameters that collected them
         np.testing.assert_allclose(pg["args"]["newlogprob"], logprob.numpy(), atol=1e-5)
         np.testing.assert_allclose(pg["args"]["newlogprob"], batch["logprobs"], atol=1e-5)
@@ -461,7 +345,7 @@ def test_each_update_applies_the_clipped_gradient_of_the_loss_to_every_parameter
     the test from the agent as the update found it (so gradients left over from the previous update show),
     scaled to max_grad_norm where it is longer; every parameter gets a nonzero one; the policy loss and the
     entropy reach the actor only, the value loss the critic only (a baseline that is not detached would)."""
-    monkeypatch.setattr(a2c, "Agent", LeaningAgent)
+    monkeypatch.setattr(a2c, "Agent", leaning(a2c.Agent))
     watch = spy(a2c, ["compute_returns"])
     args = tiny_args(tmp_path, total_timesteps=30, gamma=0.8, ent_coef=0.1, vf_coef=0.7, learning_rate=1e-2)
     a2c.main(args)
@@ -471,7 +355,7 @@ def test_each_update_applies_the_clipped_gradient_of_the_loss_to_every_parameter
     for iteration, (step, (call,)) in enumerate(zip(optimizer_steps, updates)):
         agent = copy.deepcopy(call["agent"])
         batch = rollout_batch(watch, args, iteration, agent)
-        logprob, entropy = by_hand_policy(agent, batch["obs"], batch["actions"])
+        logprob, entropy = softmax_policy_by_hand(agent, batch["obs"], batch["actions"])
         pg_loss = -(torch.as_tensor(batch["advantages"]) * logprob.double()).mean()
         newvalue = agent.critic(torch.as_tensor(batch["obs"], dtype=torch.float32)).squeeze(-1)
         v_loss = 0.5 * ((newvalue.double() - torch.as_tensor(batch["returns"])) ** 2).mean()
@@ -491,10 +375,7 @@ def test_each_update_applies_the_clipped_gradient_of_the_loss_to_every_parameter
     _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, actions.long())
     pg_loss = a2c.policy_loss(newlogprob, torch.as_tensor(batch["advantages"]).float())
     v_loss = a2c.value_loss(newvalue, torch.as_tensor(batch["returns"]).float())
-    names, params = zip(*agent.named_parameters())
-    for loss, network in ((pg_loss, "actor."), (entropy.mean(), "actor."), (v_loss, "critic.")):
-        for name, grad in zip(names, torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)):
-            assert (grad is not None and grad.abs().max() > 0) == name.startswith(network), (name, network)
+    check_each_loss_reaches(agent, ((pg_loss, "actor."), (entropy.mean(), "actor."), (v_loss, "critic.")))
 
 
 # ---------------------------------------------------------------------------- bad input

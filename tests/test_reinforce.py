@@ -7,25 +7,14 @@ import pytest
 import torch
 
 import reinforce
-from conftest import (check_categorical_agent_by_hand, check_checkpoint_plays_its_own_env,
-                      check_greedy_evaluation_draws_independent_episodes, check_logged_episodes,
-                      check_same_step_autoreset, unusable_checkpoint, walker_agent_pt)
+from conftest import (GREEDY_EPISODES, PPO_ONLY_TAGS, SHARED_TAGS, args_maker, cartpole_args,
+                      check_categorical_agent_by_hand, check_categorical_networks_start_orthogonal,
+                      check_checkpoint_plays_its_own_env, check_each_loss_reaches, check_entropy_bonus_gradient,
+                      check_evaluate_plays_the_greedy_action, check_greedy_evaluation_draws_independent_episodes,
+                      check_logged_episodes, check_same_step_autoreset, leaning, peaked, softmax_policy_by_hand,
+                      standardized, unusable_checkpoint, value_of, walker_agent_pt)
 
-SHARED_TAGS = [
-    "charts/episodic_return",
-    "charts/episodic_length",
-    "charts/learning_rate",
-    "charts/SPS",
-    "losses/value_loss",
-    "losses/policy_loss",
-    "losses/entropy",
-    "losses/explained_variance",
-    "eval/episodic_return",
-]
 CRITIC_TAGS = ["losses/value_loss", "losses/explained_variance"]
-PPO_ONLY_TAGS = ["losses/old_approx_kl", "losses/approx_kl", "losses/clipfrac"]
-
-
 
 
 # ---------------------------------------------------------------------------- math
@@ -119,28 +108,12 @@ def test_value_loss_by_hand():
 
 
 def test_networks_start_orthogonal_with_the_gains_of_detail_2():
-    torch.manual_seed(0)
-    agent = reinforce.Agent(4, 3)
-    for net, out_gain in ((agent.critic, 1.0), (agent.actor, 0.01)):
-        layers = [layer for layer in net if isinstance(layer, torch.nn.Linear)]
-        shapes = [(layer.in_features, layer.out_features) for layer in layers]
-        assert shapes == [(4, 64), (64, 64), (64, 1 if net is agent.critic else 3)]
-        for layer, gain in zip(layers, (2**0.5, 2**0.5, out_gain)):
-            w = layer.weight.detach().double()
-            small = w.T @ w if w.shape[0] >= w.shape[1] else w @ w.T  # orthonormal columns or rows, x gain
-            eye = torch.eye(min(w.shape), dtype=torch.float64)
-            torch.testing.assert_close(small, gain**2 * eye, rtol=0, atol=gain**2 * 1e-5)
-            assert not layer.bias.any()
+    check_categorical_networks_start_orthogonal(reinforce)
 
 
-@pytest.mark.parametrize("action, episode_return", [(0, 1.0 + 2.0 + 3.0 + 4.0), (1, 1.0 + 2.0 + 3.0)])
+@pytest.mark.parametrize("action, episode_return", GREEDY_EPISODES)
 def test_evaluate_plays_the_greedy_action_to_the_end_of_each_episode(action, episode_return):
-    # TinyDiscrete pays 1 + t at step t; action 1 at t = 2 ends the episode, else the time limit does after 4
-    agent = reinforce.Agent(1, 2)
-    with torch.no_grad():
-        agent.actor[-1].weight.zero_()
-        agent.actor[-1].bias.copy_(torch.tensor([1.0, -1.0]) * (1 if action == 0 else -1))
-    assert reinforce.evaluate(agent, "TinyDiscrete-v0", 3, 0, torch.device("cpu")) == [episode_return] * 3
+    check_evaluate_plays_the_greedy_action(reinforce, action, episode_return)
 
 
 def test_vector_env_resets_in_the_step_that_ends_an_episode_and_records_it():
@@ -154,10 +127,7 @@ def test_agent_is_two_tanh_layers_and_a_softmax_policy_worked_out_by_hand():
 # ---------------------------------------------------------------------------- runs
 
 
-def small_args(tmp_path, **kw):
-    defaults = dict(runs_dir=str(tmp_path), total_timesteps=3000, eval_episodes=2, save_model=True, cuda=False)
-    defaults.update(kw)
-    return reinforce.Args(**defaults)
+small_args = cartpole_args(reinforce)
 
 
 @pytest.fixture(scope="module")
@@ -241,18 +211,10 @@ def test_ctrl_c_during_evaluation_keeps_logs_and_saves(tmp_path, interrupted_eva
 # ---------------------------------------------------------------------------- wiring: what reaches the math
 
 
-def tiny_args(tmp_path, **kw):
-    """Two batches on conftest.py's TinyDiscrete-v0 (time limit 4) of 2 episodes from each of 2 envs; episodes
-    end at different steps, so that an env waits for the other."""
-    defaults = dict(env_id="TinyDiscrete-v0", num_envs=2, num_episodes=4, total_timesteps=20, norm_adv=False,
-                    eval_episodes=0, runs_dir=str(tmp_path), cuda=False)
-    defaults.update(kw)
-    return reinforce.Args(**defaults)
-
-
-def value_of(agent, obs):
-    with torch.no_grad():
-        return agent.get_value(torch.as_tensor(obs, dtype=torch.float32)).double().numpy()
+# Two batches on conftest.py's TinyDiscrete-v0 (time limit 4) of 2 episodes from each of 2 envs; episodes end at
+# different steps, so that an env waits for the other.
+tiny_args = args_maker(reinforce, env_id="TinyDiscrete-v0", num_envs=2, num_episodes=4, total_timesteps=20,
+                       norm_adv=False, eval_episodes=0, cuda=False)
 
 
 def batch_steps(env, episodes_per_env):
@@ -304,7 +266,7 @@ def test_update_sees_exactly_the_batch_s_complete_episodes(tmp_path, spy, kw):
         advantages = returns - value_of(critic, env.obs) if args.baseline else returns
         advantages = advantages[in_batch]
         if args.norm_adv:  # detail 7
-            advantages = (advantages - advantages.mean()) / (advantages.std(ddof=1) + 1e-8)
+            advantages = standardized(advantages)
         np.testing.assert_allclose(pg["args"]["advantages"], advantages, rtol=1e-5, atol=1e-5)
         if args.baseline:
             np.testing.assert_allclose(vf[0]["args"]["returns"], returns[in_batch], rtol=1e-5, atol=1e-5)
@@ -332,47 +294,21 @@ def test_update_fits_the_critic_only_as_a_baseline(tmp_path, spy, baseline):
             assert losses[1] == losses[0]
 
 
-class PeakedAgent(reinforce.Agent):
-    """A policy far from uniform, where the entropy has a sizeable gradient."""
-
-    def __init__(self, *args):
-        super().__init__(*args)
-        with torch.no_grad():
-            self.actor[-1].bias.copy_(torch.linspace(2.0, -2.0, self.actor[-1].bias.numel()))
-
-
 def test_entropy_bonus_adds_minus_ent_coef_times_the_entropy_gradient(tmp_path, spy, optimizer_steps, monkeypatch):
-    # two runs of one batch from the same seed, so the same agent and episodes, without and with the bonus: their
-    # gradients differ by the bonus's alone, -ent_coef * grad(mean entropy over the batch's steps)
-    monkeypatch.setattr(reinforce, "Agent", PeakedAgent)
+    # one batch each, from one seed: the entropy is the mean over the batch's steps
+    monkeypatch.setattr(reinforce, "Agent", peaked(reinforce.Agent))
     watch = spy(reinforce, ["compute_returns"])
-    ent_coef = 0.5
-    for name, coef in (("without", 0.0), ("with", ent_coef)):
-        args = tiny_args(tmp_path / name, total_timesteps=1, ent_coef=coef)
-        reinforce.main(args)
-    assert len(optimizer_steps) == 2
-    env = watch.rollout(0, len(watch.segments[0]["rewards"]), segment=0)
-    obs = torch.as_tensor(env.obs[batch_steps(env, args.episodes_per_env)], dtype=torch.float32)
-    agent = watch.initial_agent
-    entropy = torch.distributions.Categorical(logits=agent.actor(obs)).entropy().mean()
-    expected = torch.autograd.grad(-ent_coef * entropy, list(agent.parameters()), allow_unused=True)
-    assert max(g.abs().max() for g in expected if g is not None) > 0.01
-    for without, with_bonus, bonus, param in zip(*(step.grads for step in optimizer_steps), expected,
-                                                 agent.parameters()):
-        bonus = torch.zeros_like(param) if bonus is None else bonus  # the critic's parameters
-        torch.testing.assert_close(with_bonus - without, bonus, rtol=1e-4, atol=1e-6)
+
+    def first_batch_obs(args):
+        env = watch.rollout(0, len(watch.segments[0]["rewards"]), segment=0)
+        return env.obs[batch_steps(env, args.episodes_per_env)]
+
+    check_entropy_bonus_gradient(reinforce, watch, optimizer_steps,
+                                 lambda name, coef: tiny_args(tmp_path / name, total_timesteps=1, ent_coef=coef),
+                                 first_batch_obs)
 
 
 # ------------------------------------------------------------------ main()'s glue, worked out independently
-
-
-def by_hand_policy(agent, obs, actions):
-    """log pi(a | s) of the given actions and the entropy of pi(. | s), from the actor's logits by the softmax
-    formula (none of the script's helpers), with the graph kept for gradients."""
-    logits = agent.actor(torch.as_tensor(obs, dtype=torch.float32))
-    log_probs = logits - logits.exp().sum(-1, keepdim=True).log()
-    logprob = log_probs[torch.arange(len(obs)), torch.as_tensor(actions, dtype=torch.long)]
-    return logprob, -(log_probs.exp() * log_probs).sum(-1)
 
 
 def batch_rows(watch, args, batches):
@@ -389,23 +325,13 @@ def batch_rows(watch, args, batches):
         values = value_of(call["agent"], env.obs)
         advantages = (returns - values if args.baseline else returns)[in_batch]
         if args.norm_adv:
-            advantages = (advantages - advantages.mean()) / (advantages.std(ddof=1) + 1e-8)
+            advantages = standardized(advantages)
         rows.append(dict(obs=env.obs[in_batch], actions=np.stack([a for _, a, _ in acted])[in_batch],
                          logprobs=np.stack([lp for _, _, lp in acted])[in_batch], values=values[in_batch],
                          returns=returns[in_batch], advantages=advantages, agent=call["agent"],
                          steps_before=start * args.num_envs, steps_after=(start + T) * args.num_envs))
         start += T
     return rows
-
-
-class LeaningAgent(reinforce.Agent):
-    """A policy that is not uniform at any state (the initial one is, at TinyDiscrete's first observation
-    [0]), so that a log-probability tells the actions apart, while both are still taken."""
-
-    def __init__(self, *args):
-        super().__init__(*args)
-        with torch.no_grad():
-            self.actor[-1].bias.copy_(torch.tensor([0.5, -0.5]))
 
 
 @pytest.mark.parametrize("baseline", [True, False], ids=["baseline", "no-baseline"])
@@ -415,7 +341,7 @@ def test_main_passes_each_quantity_where_it_belongs(tmp_path, spy, read_events, 
     where the wrong wirings differ: 3 batches (the critic has learned, and the learning rate has moved by the
     env steps, waiting ones included), episodes of 3 and 4 steps with gamma 0.8, truncations, terminations
     and envs that wait for the other."""
-    monkeypatch.setattr(reinforce, "Agent", LeaningAgent)
+    monkeypatch.setattr(reinforce, "Agent", leaning(reinforce.Agent))
     watch = spy(reinforce, ["compute_returns", "policy_loss", "value_loss"])
     args = tiny_args(tmp_path, total_timesteps=40, gamma=0.8, learning_rate=1e-2, norm_adv=True,
                      baseline=baseline)
@@ -431,7 +357,7 @@ def test_main_passes_each_quantity_where_it_belongs(tmp_path, spy, read_events, 
     logged = {tag: events.Scalars(tag) for tag in tags}
     for i, (batch, (_, _, _, (_, pg, *vf))) in enumerate(zip(rows, batches)):
         with torch.no_grad():
-            logprob, entropy = by_hand_policy(batch["agent"], batch["obs"], batch["actions"])
+            logprob, entropy = softmax_policy_by_hand(batch["agent"], batch["obs"], batch["actions"])
         # the update scores the batch's own states and actions with the parameters that played them
         np.testing.assert_allclose(pg["args"]["newlogprob"], logprob.numpy(), atol=1e-5)
         np.testing.assert_allclose(pg["args"]["newlogprob"], batch["logprobs"], atol=1e-5)
@@ -481,7 +407,7 @@ def test_each_update_applies_the_gradient_of_the_loss_to_every_parameter(tmp_pat
     previous update show); every actor parameter gets a nonzero one, every critic parameter too with a
     baseline and none without; the policy loss and the entropy reach the actor only, the value loss the critic
     only (a baseline that is not detached would)."""
-    monkeypatch.setattr(reinforce, "Agent", LeaningAgent)
+    monkeypatch.setattr(reinforce, "Agent", leaning(reinforce.Agent))
     watch = spy(reinforce, ["compute_returns"])
     args = tiny_args(tmp_path, total_timesteps=40, gamma=0.8, ent_coef=0.1, vf_coef=0.7, learning_rate=1e-2,
                      norm_adv=True, baseline=baseline)
@@ -490,7 +416,7 @@ def test_each_update_applies_the_gradient_of_the_loss_to_every_parameter(tmp_pat
     assert len(optimizer_steps) == len(rows) == 3
     for step, batch in zip(optimizer_steps, rows):
         agent = copy.deepcopy(batch["agent"])
-        logprob, entropy = by_hand_policy(agent, batch["obs"], batch["actions"])
+        logprob, entropy = softmax_policy_by_hand(agent, batch["obs"], batch["actions"])
         loss = -(torch.as_tensor(batch["advantages"]) * logprob.double()).mean()
         loss = loss - args.ent_coef * entropy.double().mean()
         if baseline:
@@ -510,10 +436,7 @@ def test_each_update_applies_the_gradient_of_the_loss_to_every_parameter(tmp_pat
     _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, actions.long())
     pg_loss = reinforce.policy_loss(newlogprob, torch.as_tensor(batch["advantages"]).float())
     v_loss = reinforce.value_loss(newvalue, torch.as_tensor(batch["returns"]).float())
-    names, params = zip(*agent.named_parameters())
-    for loss, network in ((pg_loss, "actor."), (entropy.mean(), "actor."), (v_loss, "critic.")):
-        for name, grad in zip(names, torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)):
-            assert (grad is not None and grad.abs().max() > 0) == name.startswith(network), (name, network)
+    check_each_loss_reaches(agent, ((pg_loss, "actor."), (entropy.mean(), "actor."), (v_loss, "critic.")))
 
 
 # ---------------------------------------------------------------------------- bad input
