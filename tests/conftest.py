@@ -924,6 +924,17 @@ def check_each_loss_reaches(agent, losses):
             assert (grad is not None and grad.abs().max() > 0) == name.startswith(reaches), (name, reaches)
 
 
+def check_losses_reach_their_networks(module, agent, batch):
+    """Detail 13 (separate networks) in a2c.py and reinforce.py, through the script's own forward pass and losses on
+    a batch (its obs, actions, advantages and returns): the policy loss and the entropy reach the actor only,
+    the value loss the critic only."""
+    obs, actions = torch.as_tensor(batch["obs"], dtype=torch.float32), torch.as_tensor(batch["actions"])
+    _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, actions.long())
+    pg_loss = module.policy_loss(newlogprob, torch.as_tensor(batch["advantages"]).float())
+    v_loss = module.value_loss(newvalue, torch.as_tensor(batch["returns"]).float())
+    check_each_loss_reaches(agent, ((pg_loss, "actor."), (entropy.mean(), "actor."), (v_loss, "critic.")))
+
+
 def check_entropy_bonus_gradient(module, watch, optimizer_steps, args_with, batch_obs, ent_coef=0.5):
     """Two runs of one update from the same seed, so the same agent and batch, without and with the bonus
     (args_with(name, ent_coef)): their gradients differ by the bonus's alone, -ent_coef * grad(mean entropy
@@ -941,3 +952,166 @@ def check_entropy_bonus_gradient(module, watch, optimizer_steps, args_with, batc
                                                  agent.parameters()):
         bonus = torch.zeros_like(param) if bonus is None else bonus  # the critic's parameters
         torch.testing.assert_close(with_bonus - without, bonus, rtol=1e-4, atol=1e-6)
+
+
+class CartPoleScriptTests:
+    """The tests each discrete gym script (a2c.py, reinforce.py, ppo_cartpole.py) passes alike, written once. A test
+    file runs them for its script with a subclass, `class TestAsEveryCartPoleScript(CartPoleScriptTests)`, that sets
+    `script` (the module) and `tiny_args` (its wiring runs' Args on TinyDiscrete-v0), beside a module-scoped
+    `short_run` fixture of its own (a saved small_args run); a script whose test must differ overrides it."""
+
+    script = None
+    per_env_and_reset = None  # check_logged_episodes': REINFORCE logs each env's first episodes of a batch only
+
+    def small_args(self, tmp_path, **kw):
+        return cartpole_args(self.script)(tmp_path, **kw)
+
+    def test_networks_start_orthogonal_with_the_gains_of_detail_2(self):
+        check_categorical_networks_start_orthogonal(self.script)
+
+    def test_vector_env_resets_in_the_step_that_ends_an_episode_and_records_it(self):
+        check_same_step_autoreset(self.script.make_vector_env, "TinyDiscrete-v0", [1, 0])
+
+    def test_agent_is_two_tanh_layers_and_a_softmax_policy_worked_out_by_hand(self):
+        check_categorical_agent_by_hand(self.script)
+
+    def test_saved_agent_evaluates_without_training(self, short_run, checkpoint_reevaluates):
+        checkpoint_reevaluates(self.script, short_run)
+
+    def test_same_seed_same_run(self, seeded_runs):
+        seeded_runs(self.script, self.small_args)
+
+    def test_ctrl_c_keeps_logs_and_saves(self, tmp_path, interrupted_run):
+        interrupted_run(self.script, self.small_args(tmp_path, total_timesteps=50_000))
+
+    def test_ctrl_c_during_evaluation_keeps_logs_and_saves(self, tmp_path, interrupted_evaluation):
+        interrupted_evaluation(self.script, self.small_args(tmp_path))
+
+    @pytest.mark.parametrize("kind", ["truncated", "corrupt", "foreign", "another network", "a directory"])
+    def test_a_checkpoint_this_script_did_not_save_fails_fast(self, short_run, tmp_path, fails_fast, kind):
+        saved = os.path.join(short_run["run_dir"], "agent.pt")
+        path = unusable_checkpoint(kind, saved, walker_agent_pt(tmp_path / "walker"), tmp_path / "bad.pt")
+        fails_fast(self.script, self.small_args, dict(eval_checkpoint=str(path)), "--eval-checkpoint")
+
+    def test_evaluation_episodes_are_independent_draws_from_their_own_seeds(self):
+        check_greedy_evaluation_draws_independent_episodes(self.script)
+
+    def test_a_saved_agent_is_evaluated_on_its_own_env_and_the_run_logs_its_episodes(self, tmp_path, spy,
+                                                                                     read_events):
+        """On TinyDiscrete-v0 an episode's return (6 or 10) is not its length (3 or 4), and a saved agent cannot
+        be played on the default CartPole-v1."""
+        watch = spy(self.script)
+        run = self.script.main(self.tiny_args(tmp_path, save_model=True, eval_episodes=2))
+        check_logged_episodes(watch, read_events(run["run_dir"]), run, self.per_env_and_reset)
+        check_checkpoint_plays_its_own_env(self.script, watch, run, tmp_path)
+
+# ----------------------------------------------- the gym PPO scripts' shared checks (ppo_cartpole, ppo_walker2d)
+
+
+def check_gradient_norm_is_clipped(module, args, optimizer_steps):
+    """A run with `args` (a max_grad_norm far below the raw gradient norms): every optimizer step's gradient has
+    norm max_grad_norm."""
+    module.main(args)
+    assert len(optimizer_steps) == args.num_iterations * args.update_epochs * args.num_minibatches
+    np.testing.assert_allclose([step.norm for step in optimizer_steps], args.max_grad_norm, rtol=1e-4)
+
+
+def check_clip_vloss_switch(watch, clip_coef, clip_vloss):
+    """For a run watched by spy(module, ["value_loss"]) with this clip_coef (small, so that the critic soon moves
+    past it) and clip_vloss: each value loss is the clipped one with --clip-vloss, else the plain one, by hand;
+    and somewhere the two differ."""
+    differ = 0
+    for call in watch.calls:
+        newvalue, values, returns = call["args"]["newvalue"], call["args"]["values"], call["args"]["returns"]
+        unclipped = (newvalue - returns) ** 2
+        clipped = np.maximum(unclipped, (values + np.clip(newvalue - values, -clip_coef, clip_coef) - returns) ** 2)
+        assert call["result"] == pytest.approx(0.5 * (clipped if clip_vloss else unclipped).mean(), rel=1e-5)
+        differ += not np.isclose(clipped.mean(), unclipped.mean())
+    assert differ > 0
+
+
+def check_target_kl_stops_the_epochs(watch, args):
+    """For a run watched by spy(module, ["compute_gae", "policy_loss"]) with args.target_kl: the epochs of an
+    update go on while the k3 approx_kl of each epoch's last minibatch stays at or below the target, and stop
+    after the first one above it; the target is reached, and somewhere the k1 estimator would have decided
+    otherwise."""
+    epochs_run, differ = [], 0
+    for gae, *pg in watch.updates(first="compute_gae"):
+        assert len(pg) % args.num_minibatches == 0
+        # approx_kl of each epoch's last minibatch, from the log-probabilities that minibatch's loss saw
+        kl, k1 = [], []
+        for call in pg[args.num_minibatches - 1 :: args.num_minibatches]:
+            logratio = call["args"]["newlogprob"] - call["args"]["logprobs"]
+            kl.append(np.mean(np.expm1(logratio) - logratio))
+            k1.append(np.mean(-logratio))
+        assert all(k <= args.target_kl for k in kl[:-1])
+        assert len(kl) == args.update_epochs or kl[-1] > args.target_kl
+        epochs_run.append(len(kl))
+        differ += sum((a > args.target_kl) != (b > args.target_kl) for a, b in zip(kl, k1))
+    assert min(epochs_run) < args.update_epochs  # the target was reached
+    assert differ > 0  # and somewhere old_approx_kl (the k1 estimator) would have decided otherwise
+
+
+def rollout_rows_from(args, env, acted, obs, values, next_values, rewards):
+    """A PPO rollout as one row per (step, env), from a watched rollout `env`, what the agent did (`acted`), the
+    observations and rewards as the agent saw them, V(s) and the bootstrap values: the observation, action and
+    stored log-probability, the value, the advantage as the explicit sum of discounted TD residuals
+    (gae_reference) and the return."""
+    advantages = gae_reference(rewards, values, next_values, env.terminated, env.dones, args.gamma, args.gae_lambda)
+    flat = lambda x: x.reshape(-1, *x.shape[2:])
+    return dict(obs=flat(obs), actions=flat(np.stack([a for _, a, _ in acted])),
+                logprobs=flat(np.stack([lp for _, _, lp in acted])), values=flat(values),
+                advantages=flat(advantages), returns=flat(advantages + values))
+
+
+def minibatches_of(watch, rows_of):
+    """For each update of a run watched by spy(module, ["compute_gae", "policy_loss", "value_loss"]): the
+    rollout's rows (rows_of(iteration, the critic that computed the advantages)), and per minibatch its rows, its
+    policy_loss and value_loss calls and the agent they saw."""
+    updates = []
+    for iteration, (gae, *calls) in enumerate(watch.updates(first="compute_gae")):
+        rows = rows_of(iteration, gae["agent"])
+        pg = [c for c in calls if c["name"] == "policy_loss"]
+        vf = [c for c in calls if c["name"] == "value_loss"]
+        assert len(pg) == len(vf)
+        found = [which_rows(rows, p["args"]["logprobs"], v["args"]["values"], v["args"]["returns"])
+                 for p, v in zip(pg, vf)]
+        updates.append((rows, [dict(pg=p, vf=v, agent=p["agent"], rows=f) for p, v, f in zip(pg, vf, found)]))
+    return updates
+
+
+def check_ppo_steps_apply_the_clipped_gradient(module, args, optimizer_steps, minibatches, by_hand_policy,
+                                               action_dtype, reaches):
+    """Details 10 and 11 on every optimizer step of a run of 2 minibatches an epoch with an entropy bonus
+    (`minibatches`: (rows, minibatch) of minibatches_of, in order): the gradient applied is that of pg_loss -
+    ent_coef * entropy + vf_coef * v_loss on the minibatch, worked out here from the agent as the step found it
+    (by_hand_policy), scaled to norm max_grad_norm; every parameter gets a nonzero one. Then, through the
+    script's own forward pass on the first minibatch (its actions as action_dtype), the parameters the policy
+    loss, the entropy and the value loss reach: check_each_loss_reaches with `reaches`, their three prefixes."""
+    assert len(optimizer_steps) == len(minibatches) == args.num_iterations * args.update_epochs * 2
+    for step, (rows, mb) in zip(optimizer_steps, minibatches):
+        agent, r = copy.deepcopy(mb["agent"]), mb["rows"]
+        newlogprob, entropy = by_hand_policy(agent, rows["obs"][r], rows["actions"][r])
+        ratio = (newlogprob.double() - torch.as_tensor(rows["logprobs"][r])).exp()
+        advantages = torch.as_tensor(standardized(rows["advantages"][r]))
+        clipped_ratio = ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)
+        pg_loss = torch.max(-advantages * ratio, -advantages * clipped_ratio).mean()
+        newvalue = agent.critic(torch.as_tensor(rows["obs"][r], dtype=torch.float32)).squeeze(-1)
+        v_loss = 0.5 * ((newvalue.double() - torch.as_tensor(rows["returns"][r])) ** 2).mean()
+        loss = pg_loss - args.ent_coef * entropy.double().mean() + args.vf_coef * v_loss
+        grads = torch.autograd.grad(loss, list(agent.parameters()))
+        norm = torch.sqrt(sum((g.double() ** 2).sum() for g in grads)).item()
+        assert norm > args.max_grad_norm  # so that the clipping shows
+        for applied, grad in zip(step.grads, grads):
+            expected = grad * args.max_grad_norm / (norm + 1e-6)
+            torch.testing.assert_close(applied, expected, rtol=1e-3, atol=1e-6)
+            assert applied.abs().max() > 0  # every parameter learns
+    rows, first = minibatches[0]
+    agent, r, pg = copy.deepcopy(first["agent"]), first["rows"], first["pg"]["args"]
+    obs, actions = torch.as_tensor(rows["obs"][r], dtype=torch.float32), torch.as_tensor(rows["actions"][r])
+    _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, actions.to(action_dtype))
+    pg_loss, _, _ = module.policy_loss(newlogprob, torch.as_tensor(pg["logprobs"]).float(),
+                                       torch.as_tensor(pg["advantages"]).float(), args.clip_coef)
+    returns = torch.as_tensor(rows["returns"][r]).float()
+    v_loss = module.value_loss(newvalue, newvalue.detach(), returns, args.clip_coef, False)
+    check_each_loss_reaches(agent, zip((pg_loss, entropy.mean(), v_loss), reaches))

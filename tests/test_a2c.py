@@ -6,14 +6,11 @@ import pytest
 import torch
 
 import a2c
-from conftest import (GREEDY_EPISODES, PPO_ONLY_TAGS, SHARED_TAGS, args_maker, bootstrap_values, cartpole_args,
-                      check_categorical_agent_by_hand, check_categorical_networks_start_orthogonal,
-                      check_checkpoint_plays_its_own_env, check_each_loss_reaches, check_entropy_bonus_gradient,
+from conftest import (GREEDY_EPISODES, PPO_ONLY_TAGS, SHARED_TAGS, CartPoleScriptTests, args_maker,
+                      bootstrap_values, cartpole_args, check_entropy_bonus_gradient,
                       check_evaluate_plays_the_greedy_action, check_gae_against_the_explicit_sum,
-                      check_greedy_evaluation_draws_independent_episodes, check_logged_episodes,
-                      check_one_step_gae, check_same_step_autoreset, gae_reference, leaning, peaked,
-                      random_rollout, softmax_policy_by_hand, standardized, unusable_checkpoint, value_of,
-                      walker_agent_pt)
+                      check_losses_reach_their_networks, check_one_step_gae, gae_reference, leaning, peaked,
+                      random_rollout, softmax_policy_by_hand, standardized, value_of)
 
 
 # ---------------------------------------------------------------------------- math
@@ -107,10 +104,6 @@ def test_gae_by_hand():
     assert returns[:, 0].tolist() == [2.75, 6.0, 3.0, 6.0]
 
 
-def test_networks_start_orthogonal_with_the_gains_of_detail_2():
-    check_categorical_networks_start_orthogonal(a2c)
-
-
 @pytest.mark.parametrize("action, episode_return", GREEDY_EPISODES)
 def test_evaluate_plays_the_greedy_action_to_the_end_of_each_episode(action, episode_return):
     check_evaluate_plays_the_greedy_action(a2c, action, episode_return)
@@ -130,15 +123,6 @@ def test_policy_loss_gradient_is_minus_advantage_times_score():
 
 def test_gae_of_a_one_step_rollout_is_the_td_residual():
     check_one_step_gae(a2c.compute_gae, torch.tensor)
-
-
-
-def test_vector_env_resets_in_the_step_that_ends_an_episode_and_records_it():
-    check_same_step_autoreset(a2c.make_vector_env, "TinyDiscrete-v0", [1, 0])
-
-
-def test_agent_is_two_tanh_layers_and_a_softmax_policy_worked_out_by_hand():
-    check_categorical_agent_by_hand(a2c)
 
 
 # ---------------------------------------------------------------------------- runs
@@ -164,14 +148,6 @@ def test_short_run_logs_every_tag(short_run, cartpole_run_logs):
     assert logged == pytest.approx([args.learning_rate * (1 - i / n) for i in range(n)], rel=1e-6)
 
 
-def test_saved_agent_evaluates_without_training(short_run, checkpoint_reevaluates):
-    checkpoint_reevaluates(a2c, short_run)
-
-
-def test_same_seed_same_run(seeded_runs):
-    seeded_runs(a2c, small_args)
-
-
 def test_gae_flag_runs(tmp_path):
     result = a2c.main(small_args(tmp_path, gae=True, gae_lambda=0.9, eval_episodes=0, save_model=False))
     assert len(result["episodic_returns"]) > 10
@@ -183,14 +159,6 @@ def test_learns_within_60k_steps(tmp_path):
     # is 21-22 (random play), with negated advantages 9. A run is reproducible only on one machine (the CPU changes
     # the floating-point path), so the bound leaves room for an unlucky draw on another one.
     assert np.mean(result["episodic_returns"][-30:]) >= 80
-
-
-def test_ctrl_c_keeps_logs_and_saves(tmp_path, interrupted_run):
-    interrupted_run(a2c, small_args(tmp_path, total_timesteps=50_000))
-
-
-def test_ctrl_c_during_evaluation_keeps_logs_and_saves(tmp_path, interrupted_evaluation):
-    interrupted_evaluation(a2c, small_args(tmp_path))
 
 
 # ---------------------------------------------------------------------------- wiring: what reaches the math
@@ -371,11 +339,7 @@ def test_each_update_applies_the_clipped_gradient_of_the_loss_to_every_parameter
     # which loss reaches which parameters (detail 13: separate networks), through the script's own forward
     agent = copy.deepcopy(updates[0][0]["agent"])
     batch = rollout_batch(watch, args, 0, agent)
-    obs, actions = torch.as_tensor(batch["obs"], dtype=torch.float32), torch.as_tensor(batch["actions"])
-    _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, actions.long())
-    pg_loss = a2c.policy_loss(newlogprob, torch.as_tensor(batch["advantages"]).float())
-    v_loss = a2c.value_loss(newvalue, torch.as_tensor(batch["returns"]).float())
-    check_each_loss_reaches(agent, ((pg_loss, "actor."), (entropy.mean(), "actor."), (v_loss, "critic.")))
+    check_losses_reach_their_networks(a2c, agent, batch)
 
 
 # ---------------------------------------------------------------------------- bad input
@@ -420,24 +384,11 @@ def test_a_budget_that_is_not_whole_batches_says_how_many_steps_run(short_run, t
     assert out[-1].startswith("768 steps in ")  # the run does what it said
 
 
-@pytest.mark.parametrize("kind", ["truncated", "corrupt", "foreign", "another network", "a directory"])
-def test_a_checkpoint_this_script_did_not_save_fails_fast(short_run, tmp_path, fails_fast, kind):
-    saved = os.path.join(short_run["run_dir"], "agent.pt")
-    path = unusable_checkpoint(kind, saved, walker_agent_pt(tmp_path / "walker"), tmp_path / "bad.pt")
-    fails_fast(a2c, small_args, dict(eval_checkpoint=str(path)), "--eval-checkpoint")
+# ------------------------------------------------------ what every discrete gym script must pass (conftest.py)
 
 
-# ----------------------------------------------------------------------- issue 41: where a value can be wrong
+class TestAsEveryCartPoleScript(CartPoleScriptTests):
+    """Orthogonal initialization, the vector env, the agent by hand, the saved agent, seeds, Ctrl-C, unusable
+    checkpoints, independent evaluation episodes, and the episodes a tiny run logs and its agent.pt plays."""
 
-
-def test_evaluation_episodes_are_independent_draws_from_their_own_seeds():
-    check_greedy_evaluation_draws_independent_episodes(a2c)
-
-
-def test_a_saved_agent_is_evaluated_on_its_own_env_and_the_run_logs_its_episodes(tmp_path, spy, read_events):
-    """On TinyDiscrete-v0 an episode's return (6 or 10) is not its length (3 or 4), and a saved agent cannot
-    be played on the default CartPole-v1."""
-    watch = spy(a2c)
-    run = a2c.main(tiny_args(tmp_path, save_model=True, eval_episodes=2))
-    check_logged_episodes(watch, read_events(run["run_dir"]), run)
-    check_checkpoint_plays_its_own_env(a2c, watch, run, tmp_path)
+    script, tiny_args = a2c, staticmethod(tiny_args)

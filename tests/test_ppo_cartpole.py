@@ -1,75 +1,23 @@
-import copy
-import os
-
 import numpy as np
 import pytest
 import torch
 
 import ppo_cartpole
-from conftest import (check_categorical_agent_by_hand, check_checkpoint_plays_its_own_env,
-                      check_greedy_evaluation_draws_independent_episodes, check_logged_episodes,
-                      check_every_quantity_where_it_belongs, check_one_step_gae, check_ppo_update_wiring,
-                      check_same_step_autoreset, standardized, unusable_checkpoint, value_of, walker_agent_pt,
-                      which_rows)
-
-SHARED_TAGS = [
-    "charts/episodic_return",
-    "charts/episodic_length",
-    "charts/learning_rate",
-    "charts/SPS",
-    "losses/value_loss",
-    "losses/policy_loss",
-    "losses/entropy",
-    "losses/old_approx_kl",
-    "losses/approx_kl",
-    "losses/clipfrac",
-    "losses/explained_variance",
-    "eval/episodic_return",
-]
-
+from conftest import (PPO_ONLY_TAGS, SHARED_TAGS, CartPoleScriptTests, args_maker, bootstrap_values, cartpole_args,
+                      check_categorical_agent_by_hand, check_clip_vloss_switch,
+                      check_every_quantity_where_it_belongs, check_gae_against_the_explicit_sum,
+                      check_gradient_norm_is_clipped, check_one_step_gae,
+                      check_ppo_steps_apply_the_clipped_gradient, check_ppo_update_wiring,
+                      check_target_kl_stops_the_epochs, leaning, minibatches_of, peaked, random_rollout,
+                      rollout_rows_from, softmax_policy_by_hand, unusable_checkpoint, value_of, walker_agent_pt)
 
 # ---------------------------------------------------------------------------- math
 
 
-def gae_reference(rewards, values, next_values, terminations, dones, gamma, lam):
-    """A_t as the explicit sum  sum_k (gamma * lam)^k * delta_{t+k}, stopping at the end of t's episode."""
-    T, N = len(rewards), len(rewards[0])
-    advantages = [[0.0] * N for _ in range(T)]
-    for env in range(N):
-        for t in range(T):
-            total = 0.0
-            for k in range(T - t):
-                s = t + k
-                bootstrap = 0.0 if terminations[s][env] else gamma * next_values[s][env]
-                delta = rewards[s][env] + bootstrap - values[s][env]
-                total += (gamma * lam) ** k * delta
-                if dones[s][env]:
-                    break
-            advantages[t][env] = total
-    return advantages
-
-
 @pytest.mark.parametrize("seed", range(5))
 def test_gae_matches_explicit_sum_of_td_residuals(seed):
-    rng = np.random.default_rng(seed)
-    T, N = 23, 4
-    rewards = rng.normal(size=(T, N))
-    values = rng.normal(size=(T, N))
-    next_values = rng.normal(size=(T, N))  # bootstrap values, final-observation values at truncations
-    terminations = rng.random((T, N)) < 0.1
-    truncations = (rng.random((T, N)) < 0.1) & ~terminations
-    dones = terminations | truncations
-    assert terminations.any() and truncations.any()
-    gamma, lam = 0.97, 0.9
-
     t = lambda a: np.asarray(a, dtype=np.float64)
-    advantages, returns = ppo_cartpole.compute_gae(
-        t(rewards), t(values), t(next_values), t(terminations), t(dones), gamma, lam
-    )
-    expected = np.array(gae_reference(rewards.tolist(), values.tolist(), next_values.tolist(),
-                                      terminations.tolist(), dones.tolist(), gamma, lam))
-    np.testing.assert_allclose(advantages, expected, rtol=1e-10, atol=1e-10)
-    np.testing.assert_allclose(returns, expected + values, rtol=1e-10, atol=1e-10)
+    check_gae_against_the_explicit_sum(ppo_cartpole.compute_gae, t, random_rollout(seed), 0.97, 0.9)
 
 
 def test_gae_truncation_bootstraps_and_termination_does_not():
@@ -148,34 +96,6 @@ def test_final_observations_replaces_autoreset_observations():
     assert ppo_cartpole.final_observations(next_obs, {}) is next_obs
 
 
-def test_networks_start_orthogonal_with_the_gains_of_detail_2():
-    torch.manual_seed(0)
-    agent = ppo_cartpole.Agent(4, 3)
-    for net, out_gain in ((agent.critic, 1.0), (agent.actor, 0.01)):
-        layers = [layer for layer in net if isinstance(layer, torch.nn.Linear)]
-        shapes = [(layer.in_features, layer.out_features) for layer in layers]
-        assert shapes == [(4, 64), (64, 64), (64, 1 if net is agent.critic else 3)]
-        for layer, gain in zip(layers, (2**0.5, 2**0.5, out_gain)):
-            w = layer.weight.detach().double()
-            small = w.T @ w if w.shape[0] >= w.shape[1] else w @ w.T  # orthonormal columns or rows, x gain
-            eye = torch.eye(min(w.shape), dtype=torch.float64)
-            torch.testing.assert_close(small, gain**2 * eye, rtol=0, atol=gain**2 * 1e-5)
-            assert not layer.bias.any()
-
-
-def test_vector_env_resets_in_the_step_that_ends_an_episode_and_records_it():
-    check_same_step_autoreset(ppo_cartpole.make_vector_env, "TinyDiscrete-v0", [1, 0])
-
-
-def test_agent_is_two_tanh_layers_and_a_softmax_policy_worked_out_by_hand():
-    agent, x, log_probs = check_categorical_agent_by_hand(ppo_cartpole)
-    # the rollout's pass: its sampled actions, each scored by hand
-    sampled, sampled_logprob = agent.get_action(x)
-    assert sampled.shape == (64,)
-    np.testing.assert_allclose(sampled_logprob.detach().numpy(), log_probs[range(64), sampled], rtol=1e-4,
-                               atol=1e-5)
-
-
 def test_gae_of_a_one_step_rollout_is_the_td_residual():
     check_one_step_gae(ppo_cartpole.compute_gae, np.array)
 
@@ -223,10 +143,7 @@ def test_value_loss_clipping_on_both_sides_by_hand():
 # ---------------------------------------------------------------------------- runs
 
 
-def small_args(tmp_path, **kw):
-    defaults = dict(runs_dir=str(tmp_path), total_timesteps=3000, eval_episodes=2, save_model=True, cuda=False)
-    defaults.update(kw)
-    return ppo_cartpole.Args(**defaults)
+small_args = cartpole_args(ppo_cartpole)
 
 
 @pytest.fixture(scope="module")
@@ -235,19 +152,11 @@ def short_run(tmp_path_factory):
 
 
 def test_short_run_logs_every_tag(short_run, cartpole_run_logs):
-    acc = cartpole_run_logs(short_run, SHARED_TAGS)
+    acc = cartpole_run_logs(short_run, SHARED_TAGS + PPO_ONLY_TAGS)
     # detail 4: iteration i of n runs at (1 - (i - 1) / n) of the initial rate; n rounded down, as in ppo_walker2d.py
     n, lr = 3000 // (8 * 32), ppo_cartpole.Args().learning_rate
     logged = [e.value for e in acc.Scalars("charts/learning_rate")]
     assert logged == pytest.approx([lr * (1 - i / n) for i in range(n)], rel=1e-6)
-
-
-def test_saved_agent_evaluates_without_training(short_run, checkpoint_reevaluates):
-    checkpoint_reevaluates(ppo_cartpole, short_run)
-
-
-def test_same_seed_same_run(seeded_runs):
-    seeded_runs(ppo_cartpole, small_args)
 
 
 def test_learns_within_50k_steps(tmp_path):
@@ -258,24 +167,13 @@ def test_learns_within_50k_steps(tmp_path):
     assert np.mean(result["episodic_returns"][-30:]) >= 60
 
 
-def test_ctrl_c_keeps_logs_and_saves(tmp_path, interrupted_run):
-    interrupted_run(ppo_cartpole, small_args(tmp_path, total_timesteps=50_000))
-
-
-def test_ctrl_c_during_evaluation_keeps_logs_and_saves(tmp_path, interrupted_evaluation):
-    interrupted_evaluation(ppo_cartpole, small_args(tmp_path))
-
-
 # ---------------------------------------------------------------------------- wiring: what reaches the math
 
 
-def tiny_args(tmp_path, **kw):
-    """Two updates on conftest.py's TinyDiscrete-v0 (time limit 4): 2 envs x 8 steps, so that the rollouts hold
-    terminations, truncations and episodes cut by the end of the rollout."""
-    defaults = dict(env_id="TinyDiscrete-v0", num_envs=2, num_steps=8, total_timesteps=32, num_minibatches=2,
-                    update_epochs=2, eval_episodes=0, runs_dir=str(tmp_path), cuda=False)
-    defaults.update(kw)
-    return ppo_cartpole.Args(**defaults)
+# Two updates on conftest.py's TinyDiscrete-v0 (time limit 4): 2 envs x 8 steps, so that the rollouts hold
+# terminations, truncations and episodes cut by the end of the rollout.
+tiny_args = args_maker(ppo_cartpole, env_id="TinyDiscrete-v0", num_envs=2, num_steps=8, total_timesteps=32,
+                       num_minibatches=2, update_epochs=2, eval_episodes=0, cuda=False)
 
 
 def test_rollout_reaches_gae_with_the_right_masks_and_bootstraps(tmp_path, spy):
@@ -291,8 +189,7 @@ def test_rollout_reaches_gae_with_the_right_masks_and_bootstraps(tmp_path, spy):
         np.testing.assert_allclose(got["values"], value_of(critic, env.obs), rtol=1e-6, atol=1e-6)
         # the value of the state each step reached: the next observation inside an episode and at the end of the
         # rollout, the final observation at a truncation; after a termination it is zeroed, so it may be anything
-        expected = value_of(critic, np.concatenate([env.obs[1:], env.next_obs[None]]))
-        expected[env.truncated] = value_of(critic, env.final_obs[env.truncated])
+        expected = bootstrap_values(critic, env)
         np.testing.assert_allclose(got["next_values"][~env.terminated], expected[~env.terminated], rtol=1e-6, atol=1e-6)
     # the rollouts hold every case checked above
     env = watch.rollout(0, args.num_iterations * args.num_steps)
@@ -308,29 +205,17 @@ def test_update_sees_the_rollout_scored_by_the_policy_that_acted(tmp_path, spy, 
 
 
 def test_gradient_norm_is_clipped_to_max_grad_norm(tmp_path, optimizer_steps):
-    args = tiny_args(tmp_path, max_grad_norm=1e-3)  # far below the raw gradient norms here
-    ppo_cartpole.main(args)
-    assert len(optimizer_steps) == args.num_iterations * args.update_epochs * args.num_minibatches
-    np.testing.assert_allclose([step.norm for step in optimizer_steps], 1e-3, rtol=1e-4)
-
-
-class PeakedAgent(ppo_cartpole.Agent):
-    """A policy far from uniform, where the entropy has a gradient to follow."""
-
-    def __init__(self, *args):
-        super().__init__(*args)
-        with torch.no_grad():
-            self.actor[-1].bias.copy_(torch.linspace(2.0, -2.0, self.actor[-1].bias.numel()))
+    check_gradient_norm_is_clipped(ppo_cartpole, tiny_args(tmp_path, max_grad_norm=1e-3), optimizer_steps)
 
 
 def test_entropy_bonus_raises_the_entropy(tmp_path, spy, monkeypatch):
-    monkeypatch.setattr(ppo_cartpole, "Agent", PeakedAgent)
+    monkeypatch.setattr(ppo_cartpole, "Agent", peaked(ppo_cartpole.Agent))
     watch = spy(ppo_cartpole)
     # one update, with a bonus large enough to outweigh the policy gradient
     ppo_cartpole.main(tiny_args(tmp_path, total_timesteps=16, ent_coef=10.0, learning_rate=1e-2))
     obs = np.concatenate([x for x, _, _ in watch.acted])
     with torch.no_grad():  # by the softmax formula, not the script's categorical_entropy
-        entropy = [by_hand_policy(agent, obs, np.zeros(len(obs)))[1].mean().item()
+        entropy = [softmax_policy_by_hand(agent, obs, np.zeros(len(obs)))[1].mean().item()
                    for agent in (watch.initial_agent, watch.agent)]
     assert entropy[1] > entropy[0] + 0.1
 
@@ -338,38 +223,15 @@ def test_entropy_bonus_raises_the_entropy(tmp_path, spy, monkeypatch):
 @pytest.mark.parametrize("clip_vloss", [True, False])
 def test_clip_vloss_switches_to_the_clipped_value_loss(tmp_path, spy, clip_vloss):
     watch = spy(ppo_cartpole, ["value_loss"])
-    clip_coef = 0.01  # small, so that the critic soon moves past it
-    ppo_cartpole.main(tiny_args(tmp_path, clip_vloss=clip_vloss, clip_coef=clip_coef, update_epochs=4))
-    differ = 0
-    for call in watch.calls:
-        newvalue, values, returns = call["args"]["newvalue"], call["args"]["values"], call["args"]["returns"]
-        unclipped = (newvalue - returns) ** 2
-        clipped = np.maximum(unclipped, (values + np.clip(newvalue - values, -clip_coef, clip_coef) - returns) ** 2)
-        assert call["result"] == pytest.approx(0.5 * (clipped if clip_vloss else unclipped).mean(), rel=1e-5)
-        differ += not np.isclose(clipped.mean(), unclipped.mean())
-    assert differ > 0
+    ppo_cartpole.main(tiny_args(tmp_path, clip_vloss=clip_vloss, clip_coef=0.01, update_epochs=4))
+    check_clip_vloss_switch(watch, 0.01, clip_vloss)
 
 
 def test_target_kl_stops_the_epochs_of_an_update(tmp_path, spy):
     watch = spy(ppo_cartpole, ["compute_gae", "policy_loss"])
     args = tiny_args(tmp_path, update_epochs=4, target_kl=1e-4)
     ppo_cartpole.main(args)
-    epochs_run, differ = [], 0
-    for gae, *pg in watch.updates(first="compute_gae"):
-        assert len(pg) % args.num_minibatches == 0
-        # approx_kl of each epoch's last minibatch, from the log-probabilities that minibatch's loss saw
-        kl, k1 = [], []
-        for call in pg[args.num_minibatches - 1 :: args.num_minibatches]:
-            logratio = call["args"]["newlogprob"] - call["args"]["logprobs"]
-            kl.append(np.mean(np.expm1(logratio) - logratio))
-            k1.append(np.mean(-logratio))
-        # the epochs go on while approx_kl stays at or below the target, and stop after the first one above it
-        assert all(k <= args.target_kl for k in kl[:-1])
-        assert len(kl) == args.update_epochs or kl[-1] > args.target_kl
-        epochs_run.append(len(kl))
-        differ += sum((a > args.target_kl) != (b > args.target_kl) for a, b in zip(kl, k1))
-    assert min(epochs_run) < args.update_epochs  # the target was reached
-    assert differ > 0  # and somewhere old_approx_kl (the k1 estimator) would have decided otherwise
+    check_target_kl_stops_the_epochs(watch, args)
 
 
 def test_learning_rate_is_constant_without_anneal_lr(tmp_path, read_events):
@@ -378,15 +240,6 @@ def test_learning_rate_is_constant_without_anneal_lr(tmp_path, read_events):
 
 
 # ------------------------------------------------------------------ main()'s glue, worked out independently
-
-
-def by_hand_policy(agent, obs, actions):
-    """log pi(a | s) of the given actions and the entropy of pi(. | s), from the actor's logits by the softmax
-    formula (none of the script's helpers), with the graph kept for gradients."""
-    logits = agent.actor(torch.as_tensor(obs, dtype=torch.float32))
-    log_probs = logits - logits.exp().sum(-1, keepdim=True).log()
-    logprob = log_probs[torch.arange(len(obs)), torch.as_tensor(actions, dtype=torch.long)]
-    return logprob, -(log_probs.exp() * log_probs).sum(-1)
 
 
 def rollout_rows(watch, args, iteration, critic):
@@ -399,42 +252,12 @@ def rollout_rows(watch, args, iteration, critic):
     env, acted = watch.rollout(iteration * T, T), watch.acted[iteration * T : (iteration + 1) * T]
     obs = np.stack([x for x, _, _ in acted])
     np.testing.assert_array_equal(obs, env.obs)
-    values = value_of(critic, obs)
-    next_values = value_of(critic, np.concatenate([env.obs[1:], env.next_obs[None]]))
-    next_values[env.truncated] = value_of(critic, env.final_obs[env.truncated])
-    advantages = np.array(gae_reference(env.rewards.tolist(), values.tolist(), next_values.tolist(),
-                                        env.terminated.tolist(), env.dones.tolist(), args.gamma,
-                                        args.gae_lambda))
-    flat = lambda x: x.reshape(T * args.num_envs, *x.shape[2:])
-    return dict(obs=flat(obs), actions=flat(np.stack([a for _, a, _ in acted])),
-                logprobs=flat(np.stack([lp for _, _, lp in acted])), values=flat(values),
-                advantages=flat(advantages), returns=flat(advantages + values))
+    return rollout_rows_from(args, env, acted, obs, value_of(critic, obs), bootstrap_values(critic, env), env.rewards)
 
 
 def watched_minibatches(watch, args):
-    """For each update of a run watched by spy(module, ["compute_gae", "policy_loss", "value_loss"]): the
-    rollout's rows, and per minibatch its rows, its policy_loss and value_loss calls and the agent they
-    saw."""
-    updates = []
-    for iteration, (gae, *calls) in enumerate(watch.updates(first="compute_gae")):
-        rows = rollout_rows(watch, args, iteration, gae["agent"])
-        pg = [c for c in calls if c["name"] == "policy_loss"]
-        vf = [c for c in calls if c["name"] == "value_loss"]
-        assert len(pg) == len(vf)
-        found = [which_rows(rows, p["args"]["logprobs"], v["args"]["values"], v["args"]["returns"])
-                 for p, v in zip(pg, vf)]
-        updates.append((rows, [dict(pg=p, vf=v, agent=p["agent"], rows=f) for p, v, f in zip(pg, vf, found)]))
-    return updates
-
-
-class LeaningAgent(ppo_cartpole.Agent):
-    """A policy that is not uniform at any state (the initial one is, at TinyDiscrete's first observation
-    [0]), so that the stored log-probability tells the actions apart, while both are still taken."""
-
-    def __init__(self, *args):
-        super().__init__(*args)
-        with torch.no_grad():
-            self.actor[-1].bias.copy_(torch.tensor([0.5, -0.5]))
+    """minibatches_of a run watched by spy(module, ["compute_gae", "policy_loss", "value_loss"])."""
+    return minibatches_of(watch, lambda iteration, critic: rollout_rows(watch, args, iteration, critic))
 
 
 def test_main_passes_each_quantity_where_it_belongs(tmp_path, spy, read_events, monkeypatch):
@@ -444,57 +267,27 @@ def test_main_passes_each_quantity_where_it_belongs(tmp_path, spy, read_events, 
     is not TD(0)), truncations, terminations and a rollout end inside an episode, 3 updates (the critic has
     learned: values differ from returns), a budget that is not whole batches, and a clip_coef small enough
     that ratios leave the clip range on both sides."""
-    monkeypatch.setattr(ppo_cartpole, "Agent", LeaningAgent)
+    monkeypatch.setattr(ppo_cartpole, "Agent", leaning(ppo_cartpole.Agent))
     watch = spy(ppo_cartpole, ["compute_gae", "policy_loss", "value_loss"])
     args = tiny_args(tmp_path, total_timesteps=50, update_epochs=3, num_minibatches=4, clip_coef=0.02,
                      learning_rate=1e-2, gae_lambda=0.8)
     events = read_events(ppo_cartpole.main(args)["run_dir"])
-    check_every_quantity_where_it_belongs(events, watch, args, watched_minibatches, by_hand_policy, 1e-5)
+    check_every_quantity_where_it_belongs(events, watch, args, watched_minibatches, softmax_policy_by_hand,
+                                          1e-5)
 
 
 def test_each_step_applies_the_clipped_gradient_of_the_loss_to_every_parameter(tmp_path, spy, optimizer_steps,
                                                                               monkeypatch):
-    """Details 10 and 11 on every optimizer step of a run (2 updates x 2 epochs x 2 minibatches, an entropy
-    bonus on): the gradient applied is that of pg_loss - ent_coef * entropy + vf_coef * v_loss on the
-    minibatch, worked out in the test from the agent as the step found it, scaled to norm max_grad_norm;
-    every parameter gets a nonzero one; the policy loss and the entropy reach the actor only, the value
-    loss the critic only."""
-    monkeypatch.setattr(ppo_cartpole, "Agent", LeaningAgent)
+    """check_ppo_steps_apply_the_clipped_gradient on a run of 2 updates x 2 epochs x 2 minibatches with an
+    entropy bonus; the policy loss and the entropy reach the actor only, the value loss the critic only (detail
+    13: separate networks)."""
+    monkeypatch.setattr(ppo_cartpole, "Agent", leaning(ppo_cartpole.Agent))
     watch = spy(ppo_cartpole, ["compute_gae", "policy_loss", "value_loss"])
     args = tiny_args(tmp_path, ent_coef=0.1, clip_coef=0.1, learning_rate=1e-2)
     ppo_cartpole.main(args)
     minibatches = [(rows, mb) for rows, update in watched_minibatches(watch, args) for mb in update]
-    assert len(optimizer_steps) == len(minibatches) == args.num_iterations * args.update_epochs * 2
-    for step, (rows, mb) in zip(optimizer_steps, minibatches):
-        agent, r = copy.deepcopy(mb["agent"]), mb["rows"]
-        newlogprob, entropy = by_hand_policy(agent, rows["obs"][r], rows["actions"][r])
-        ratio = (newlogprob.double() - torch.as_tensor(rows["logprobs"][r])).exp()
-        advantages = torch.as_tensor(standardized(rows["advantages"][r]))
-        clipped_ratio = ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)
-        pg_loss = torch.max(-advantages * ratio, -advantages * clipped_ratio).mean()
-        newvalue = agent.critic(torch.as_tensor(rows["obs"][r], dtype=torch.float32)).squeeze(-1)
-        v_loss = 0.5 * ((newvalue.double() - torch.as_tensor(rows["returns"][r])) ** 2).mean()
-        loss = pg_loss - args.ent_coef * entropy.double().mean() + args.vf_coef * v_loss
-        grads = torch.autograd.grad(loss, list(agent.parameters()))
-        norm = torch.sqrt(sum((g.double() ** 2).sum() for g in grads)).item()
-        assert norm > args.max_grad_norm  # so that the clipping shows
-        for applied, grad in zip(step.grads, grads):
-            expected = grad * args.max_grad_norm / (norm + 1e-6)
-            torch.testing.assert_close(applied, expected, rtol=1e-3, atol=1e-6)
-            assert applied.abs().max() > 0  # every parameter learns
-    # which loss reaches which parameters (detail 13: separate networks), through the script's own forward
-    rows, first = minibatches[0]
-    agent, r, pg = copy.deepcopy(first["agent"]), first["rows"], first["pg"]["args"]
-    obs, actions = torch.as_tensor(rows["obs"][r], dtype=torch.float32), torch.as_tensor(rows["actions"][r])
-    _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, actions.long())
-    pg_loss, _, _ = ppo_cartpole.policy_loss(newlogprob, torch.as_tensor(pg["logprobs"]).float(),
-                                             torch.as_tensor(pg["advantages"]).float(), args.clip_coef)
-    returns = torch.as_tensor(rows["returns"][r]).float()
-    v_loss = ppo_cartpole.value_loss(newvalue, newvalue.detach(), returns, args.clip_coef, False)
-    names, params = zip(*agent.named_parameters())
-    for loss, network in ((pg_loss, "actor."), (entropy.mean(), "actor."), (v_loss, "critic.")):
-        for name, grad in zip(names, torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)):
-            assert (grad is not None and grad.abs().max() > 0) == name.startswith(network), (name, network)
+    check_ppo_steps_apply_the_clipped_gradient(ppo_cartpole, args, optimizer_steps, minibatches,
+                                               softmax_policy_by_hand, torch.long, ("actor.", "actor.", "critic."))
 
 
 # ---------------------------------------------------------------------------- bad input
@@ -538,25 +331,27 @@ def test_a_budget_that_is_not_whole_batches_says_how_many_steps_run(tmp_path, ca
     assert out[-1].startswith("512 steps in ")  # the run does what it said
 
 
-@pytest.mark.parametrize("kind", ["truncated", "corrupt", "foreign", "another network"])
-def test_a_checkpoint_this_script_did_not_save_fails_fast(tmp_path, fails_fast, kind):
-    saved = ppo_cartpole.save_agent(ppo_cartpole.Agent(4, 2), ppo_cartpole.Args(), 4, 2, str(tmp_path))
-    path = unusable_checkpoint(kind, saved, walker_agent_pt(tmp_path / "walker"), tmp_path / "bad.pt")
-    fails_fast(ppo_cartpole, small_args, dict(eval_checkpoint=str(path)),
-               "--eval-checkpoint .* pass an agent.pt saved by ppo_cartpole.py --save-model")
+# ------------------------------------------------------ what every discrete gym script must pass (conftest.py)
 
 
-# ----------------------------------------------------------------------- issue 41: where a value can be wrong
+class TestAsEveryCartPoleScript(CartPoleScriptTests):
+    """Orthogonal initialization, the vector env, the agent by hand (and here the rollout's sampling pass), the
+    saved agent, seeds, Ctrl-C, unusable checkpoints (of ppo_cartpole.py's own, each built here), independent
+    evaluation episodes, and the episodes a tiny run logs and its agent.pt plays."""
 
+    script, tiny_args = ppo_cartpole, staticmethod(tiny_args)
 
-def test_evaluation_episodes_are_independent_draws_from_their_own_seeds():
-    check_greedy_evaluation_draws_independent_episodes(ppo_cartpole)
+    def test_agent_is_two_tanh_layers_and_a_softmax_policy_worked_out_by_hand(self):
+        agent, x, log_probs = check_categorical_agent_by_hand(ppo_cartpole)
+        # the rollout's pass: its sampled actions, each scored by hand
+        sampled, sampled_logprob = agent.get_action(x)
+        assert sampled.shape == (64,)
+        np.testing.assert_allclose(sampled_logprob.detach().numpy(), log_probs[range(64), sampled], rtol=1e-4,
+                                   atol=1e-5)
 
-
-def test_a_saved_agent_is_evaluated_on_its_own_env_and_the_run_logs_its_episodes(tmp_path, spy, read_events):
-    """On TinyDiscrete-v0 an episode's return (6 or 10) is not its length (3 or 4), and a saved agent cannot
-    be played on the default CartPole-v1."""
-    watch = spy(ppo_cartpole)
-    run = ppo_cartpole.main(tiny_args(tmp_path, save_model=True, eval_episodes=2))
-    check_logged_episodes(watch, read_events(run["run_dir"]), run)
-    check_checkpoint_plays_its_own_env(ppo_cartpole, watch, run, tmp_path)
+    @pytest.mark.parametrize("kind", ["truncated", "corrupt", "foreign", "another network"])
+    def test_a_checkpoint_this_script_did_not_save_fails_fast(self, tmp_path, fails_fast, kind):
+        saved = ppo_cartpole.save_agent(ppo_cartpole.Agent(4, 2), ppo_cartpole.Args(), 4, 2, str(tmp_path))
+        path = unusable_checkpoint(kind, saved, walker_agent_pt(tmp_path / "walker"), tmp_path / "bad.pt")
+        fails_fast(ppo_cartpole, small_args, dict(eval_checkpoint=str(path)),
+                   "--eval-checkpoint .* pass an agent.pt saved by ppo_cartpole.py --save-model")

@@ -1,5 +1,4 @@
 import copy
-import os
 
 import gymnasium as gym
 import numpy as np
@@ -7,12 +6,10 @@ import pytest
 import torch
 
 import reinforce
-from conftest import (GREEDY_EPISODES, PPO_ONLY_TAGS, SHARED_TAGS, args_maker, cartpole_args,
-                      check_categorical_agent_by_hand, check_categorical_networks_start_orthogonal,
-                      check_checkpoint_plays_its_own_env, check_each_loss_reaches, check_entropy_bonus_gradient,
-                      check_evaluate_plays_the_greedy_action, check_greedy_evaluation_draws_independent_episodes,
-                      check_logged_episodes, check_same_step_autoreset, leaning, peaked, softmax_policy_by_hand,
-                      standardized, unusable_checkpoint, value_of, walker_agent_pt)
+from conftest import (GREEDY_EPISODES, PPO_ONLY_TAGS, SHARED_TAGS, CartPoleScriptTests, args_maker, cartpole_args,
+                      check_entropy_bonus_gradient, check_evaluate_plays_the_greedy_action,
+                      check_losses_reach_their_networks, leaning, peaked, softmax_policy_by_hand, standardized,
+                      value_of)
 
 CRITIC_TAGS = ["losses/value_loss", "losses/explained_variance"]
 
@@ -107,21 +104,9 @@ def test_value_loss_by_hand():
     np.testing.assert_allclose(newvalue.grad.numpy(), [2.0 / 3, 0.0, -2.0 / 3])  # (V - G) / n
 
 
-def test_networks_start_orthogonal_with_the_gains_of_detail_2():
-    check_categorical_networks_start_orthogonal(reinforce)
-
-
 @pytest.mark.parametrize("action, episode_return", GREEDY_EPISODES)
 def test_evaluate_plays_the_greedy_action_to_the_end_of_each_episode(action, episode_return):
     check_evaluate_plays_the_greedy_action(reinforce, action, episode_return)
-
-
-def test_vector_env_resets_in_the_step_that_ends_an_episode_and_records_it():
-    check_same_step_autoreset(reinforce.make_vector_env, "TinyDiscrete-v0", [1, 0])
-
-
-def test_agent_is_two_tanh_layers_and_a_softmax_policy_worked_out_by_hand():
-    check_categorical_agent_by_hand(reinforce)
 
 
 # ---------------------------------------------------------------------------- runs
@@ -150,10 +135,6 @@ def test_short_run_logs_every_tag(short_run, cartpole_run_logs):
     expected = [reinforce.Args().learning_rate * (1 - step / 3000) for step in steps_before]
     assert [e.value for e in lr] == pytest.approx(expected, rel=1e-6)
     assert len(lr) > 2
-
-
-def test_saved_agent_evaluates_without_training(short_run, checkpoint_reevaluates):
-    checkpoint_reevaluates(reinforce, short_run)
 
 
 def test_batch_is_complete_episodes_from_every_env(tmp_path, monkeypatch):
@@ -189,23 +170,11 @@ def test_no_baseline_has_no_critic_losses(tmp_path, read_events):
     assert "losses/policy_loss" in tags
 
 
-def test_same_seed_same_run(seeded_runs):
-    seeded_runs(reinforce, small_args)
-
-
 def test_learns_within_60k_steps(tmp_path):
     result = reinforce.main(small_args(tmp_path, total_timesteps=60_000, eval_episodes=0, save_model=False))
     # random play averages ~22; a broken gradient, return or baseline does not get here in 60k steps, while seeds
     # 1-20 end at 255-418 (mean of the last 16 episodes)
     assert np.mean(result["episodic_returns"][-16:]) >= 100
-
-
-def test_ctrl_c_keeps_logs_and_saves(tmp_path, interrupted_run):
-    interrupted_run(reinforce, small_args(tmp_path, total_timesteps=50_000))
-
-
-def test_ctrl_c_during_evaluation_keeps_logs_and_saves(tmp_path, interrupted_evaluation):
-    interrupted_evaluation(reinforce, small_args(tmp_path))
 
 
 # ---------------------------------------------------------------------------- wiring: what reaches the math
@@ -432,11 +401,7 @@ def test_each_update_applies_the_gradient_of_the_loss_to_every_parameter(tmp_pat
             assert (applied.abs().max() > 0) == (baseline or name.startswith("actor.")), name
     # which loss reaches which parameters (detail 13: separate networks), through the script's own forward
     agent, batch = copy.deepcopy(rows[0]["agent"]), rows[0]
-    obs, actions = torch.as_tensor(batch["obs"], dtype=torch.float32), torch.as_tensor(batch["actions"])
-    _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, actions.long())
-    pg_loss = reinforce.policy_loss(newlogprob, torch.as_tensor(batch["advantages"]).float())
-    v_loss = reinforce.value_loss(newvalue, torch.as_tensor(batch["returns"]).float())
-    check_each_loss_reaches(agent, ((pg_loss, "actor."), (entropy.mean(), "actor."), (v_loss, "critic.")))
+    check_losses_reach_their_networks(reinforce, agent, batch)
 
 
 # ---------------------------------------------------------------------------- bad input
@@ -465,24 +430,12 @@ def test_bad_input_fails_fast_naming_the_flag(fails_fast, kw, flag):
     fails_fast(reinforce, small_args, kw, flag)
 
 
-@pytest.mark.parametrize("kind", ["truncated", "corrupt", "foreign", "another network", "a directory"])
-def test_a_checkpoint_this_script_did_not_save_fails_fast(short_run, tmp_path, fails_fast, kind):
-    saved = os.path.join(short_run["run_dir"], "agent.pt")
-    path = unusable_checkpoint(kind, saved, walker_agent_pt(tmp_path / "walker"), tmp_path / "bad.pt")
-    fails_fast(reinforce, small_args, dict(eval_checkpoint=str(path)), "--eval-checkpoint")
+# ------------------------------------------------------ what every discrete gym script must pass (conftest.py)
 
 
-# ----------------------------------------------------------------------- issue 41: where a value can be wrong
+class TestAsEveryCartPoleScript(CartPoleScriptTests):
+    """Orthogonal initialization, the vector env, the agent by hand, the saved agent, seeds, Ctrl-C, unusable
+    checkpoints, independent evaluation episodes, and the episodes a tiny run logs (each env's first 2 of a
+    batch) and its agent.pt plays."""
 
-
-def test_evaluation_episodes_are_independent_draws_from_their_own_seeds():
-    check_greedy_evaluation_draws_independent_episodes(reinforce)
-
-
-def test_a_saved_agent_is_evaluated_on_its_own_env_and_the_run_logs_its_episodes(tmp_path, spy, read_events):
-    """On TinyDiscrete-v0 an episode's return (6 or 10) is not its length (3 or 4), and a saved agent cannot
-    be played on the default CartPole-v1."""
-    watch = spy(reinforce)
-    run = reinforce.main(tiny_args(tmp_path, save_model=True, eval_episodes=2))
-    check_logged_episodes(watch, read_events(run["run_dir"]), run, per_env_and_reset=2)
-    check_checkpoint_plays_its_own_env(reinforce, watch, run, tmp_path)
+    script, tiny_args, per_env_and_reset = reinforce, staticmethod(tiny_args), 2
