@@ -1,49 +1,25 @@
 """Reward over-optimization: a learned proxy reward model against the gold scorer whose labels it learned.
 
-Gao, Schulman and Hilton 2022, "Scaling Laws for Reward Model Overoptimization" (arXiv:2210.10760): a policy
-that optimizes a *learned* reward model (the proxy) drifts toward text the proxy scores highly and the true
-preference does not; the gold score first rises, then falls as the KL to the initial policy grows, while the
-proxy keeps rising. Here the gold scorer is vader's compound sentiment of prompt + response (in [-1, 1]),
-exactly `ppo_rlhf_gpt2.py --reward-model vader`: it stands in for the people whose comparisons a real reward
-model learns from. The proxies are folders of `reward_model_gpt2.py --gold vader --save-model`, trained on
-gold-labeled comparisons of the initial policy (e.g. at two data sizes), whose scores are normalized to mean 0
-and std 1 on the initial policy's responses (logits + config.reward_bias, as ppo_rlhf_gpt2.load_reward_fn
-reads a folder). Three subcommands:
+Gao, Schulman and Hilton 2022 (arXiv:2210.10760): a policy optimizing a *learned* reward model (the proxy) drifts
+toward text the proxy scores highly and the true preference does not; the gold first rises, then falls as the KL to
+the initial policy grows. Gold: vader's compound sentiment of prompt + response (`--reward-model vader`). Proxies:
+folders of `reward_model_gpt2.py --gold vader --save-model`, read as ppo_rlhf_gpt2.load_reward_fn reads them.
+`best-of-n` samples N responses per held-out prompt once (shared.load_eval_prompts; the sampling of --ppo-flags),
+scores them by every proxy and gold, and keeps the expected best-of-n over all n-subsets (shared.best_of_n). `ppo`
+runs ppo_rlhf_gpt2.main() unchanged per proxy and --kl-coefs value, recording the gold beside the proxy
+(record_ppo_run). `report` writes <out>.md and <out>.png: proxy and gold change against d = sqrt(KL), Gao et al.'s
+forms fitted to the gold, what the policy learned, where proxy and gold disagree; a reading below `<!-- reading -->`
+in the .md is kept.
 
-1. `best-of-n`: N responses per held-out prompt (ppo_rlhf_gpt2.EVAL_PROMPTS or --prompts-file, cycled to
-   --num-prompts), sampled once from the initial policy by ppo_rlhf_gpt2.sample_and_score with the sampling
-   flags of --ppo-flags (temperature, left padding, response length, stop-token truncation), then scored by
-   every proxy and by gold. Best-of-n keeps the response the proxy ranks highest among n; its expected gold
-   and proxy over all n-subsets of the N samples of a prompt: sort by proxy, the i-th best (from 1) is the
-   subset's best with probability C(N - i, n - 1) / C(N, n) (tied proxies share their weights equally, the
-   expectation under random tie-breaking). Its KL to the initial policy is at most log n - (n - 1) / n nats
-   (Stiennon et al. 2020 and Gao et al. use it as the KL; Beirami et al. 2024 show it is an upper bound), and
-   d = sqrt of that. The prompts default to 64 distinct held-out openings (EVAL_PROMPTS and MORE_EVAL_PROMPTS,
-   none seen by the proxies or by PPO), and the report shows n up to N / 4 only.
-2. `ppo`: for each proxy and each --kl-coefs value, ppo_rlhf_gpt2.main() unchanged, --reward-model <proxy>,
-   with ppo_rlhf_gpt2.load_reward_fn, sample_and_score and evaluate wrapped from outside for the run (restored
-   after, also when it fails): every call of the reward function also computes the gold score of the same
-   texts, and each batch is labeled normalization, training iteration or held-out evaluation. Per iteration:
-   the batch's mean proxy and gold, its KL (objective/kl, read back from the run's TensorBoard log, a
-   per-response estimate in nats like KL(n)), response length, stop share, repeated words.
-3. `report`: from <out>.best_of_n.json and <out>.ppo.json, <out>.md and <out>.png: proxy and gold change from
-   the initial policy's mean against d, Gao et al.'s forms fitted by least squares to the gold curves,
-       RL:         gold(d) = d (alpha - beta log d),  peak at d* = exp(alpha / beta - 1)
-       best-of-n:  gold(d) = d (alpha - beta d),      peak at d* = alpha / (2 beta)
-   95% intervals over prompts (bootstrap: prompts resampled with replacement) for best-of-n's changes, their
-   differences between n, and the proxy's correlation with gold; tables per run, the samples where proxy and gold disagree most, and what the policy learned (length, stop
-   token, repeated words). A hand-written reading below a line `<!-- reading -->` in the .md is kept.
-
-Usage (from the repository root; --ppo-flags= go to ppo_rlhf_gpt2.py as they are (write the "=": the value
-starts with "--"), the same sampling flags for both subcommands; the KL coefficient is fixed, --kl-target
-None, unless they say otherwise):
+Usage (from the repository root; --ppo-flags= go to ppo_rlhf_gpt2.py as they are (write the "=": the value starts
+with "--"); the KL coefficient is fixed, --kl-target None, unless they say otherwise):
     python experiments/rlhf_overoptimization.py best-of-n --proxies runs/rm_small/model runs/rm_large/model \
         --n 64 --num-prompts 64 --ppo-flags="--model-name models/smollm2-135m"
     python experiments/rlhf_overoptimization.py ppo --proxies runs/rm_small/model runs/rm_large/model \
         --kl-coefs 0.01 0.15 --ppo-flags="--model-name models/smollm2-135m --total-episodes 4096"
     python experiments/rlhf_overoptimization.py report
-Writes docs/results/rlhf_overoptimization.{best_of_n.json,ppo.json,md,png} (--out sets the prefix); the PPO
-runs' TensorBoard logs go to experiments/runs/rlhf_overoptimization/ unless --ppo-flags set --runs-dir.
+Writes docs/results/rlhf_overoptimization.{best_of_n.json,ppo.json,md,png} (--out sets the prefix); the PPO runs'
+TensorBoard logs go to experiments/runs/rlhf_overoptimization/ unless --ppo-flags set --runs-dir.
 """
 
 import dataclasses
@@ -55,6 +31,7 @@ import shlex
 import sys
 from dataclasses import dataclass, field
 from typing import Annotated, Union
+from unittest import mock
 
 import matplotlib
 
@@ -73,26 +50,21 @@ from shared import best_of_n, best_of_n_kl, load_eval_prompts  # noqa: E402  (th
 
 READING_MARK = "<!-- reading -->"
 SCRIPT = "python experiments/rlhf_overoptimization.py"
+OUT = "docs/results/rlhf_overoptimization"
 
 
 @dataclass
 class BestOfN:
-    proxies: list[str]
-    """proxy reward-model folders (reward_model_gpt2.py --save-model)"""
+    proxies: list[str]  # proxy reward-model folders (reward_model_gpt2.py --save-model)
     proxy_names: list[str] = field(default_factory=list)
     """their names in the report (default: the folder, with the size of its run's preferences.jsonl)"""
-    n: int = 64
-    """N: responses sampled per prompt; the report shows best-of-n for n = 1, 2, 4, ... up to N / 4"""
-    num_prompts: int = 64
-    """held-out prompts, cycled from the list (each with its own N responses)"""
+    n: int = 64  # N: responses sampled per prompt; the report shows best-of-n for n = 1, 2, 4, ... up to N / 4
+    num_prompts: int = 64  # held-out prompts, cycled from the list (each with its own N responses)
     prompts_file: str | None = None
     """held-out prompts, one a line (default: EVAL_PROMPTS + MORE_EVAL_PROMPTS, 64 distinct)"""
-    batch_size: int = 64
-    """responses sampled per generate call"""
-    ppo_flags: str = ""
-    """ppo_rlhf_gpt2.py flags setting the policy and its sampling (--model-name, --temperature, ...)"""
-    out: str = "docs/results/rlhf_overoptimization"
-    """prefix of the written files (relative to the repository root)"""
+    batch_size: int = 64  # responses sampled per generate call
+    ppo_flags: str = ""  # ppo_rlhf_gpt2.py flags setting the policy and its sampling (--model-name, --temperature, ...)
+    out: str = OUT  # prefix of the written files (relative to the repository root)
 
 
 @dataclass
@@ -105,45 +77,41 @@ class Ppo:
     """KL coefficients (fixed unless --ppo-flags set --kl-target): a small one, ppo_rlhf_gpt2.py's default"""
     ppo_flags: str = ""
     """further ppo_rlhf_gpt2.py flags, as they are (--model-name, --total-episodes, --save-model, ...)"""
-    keep_iterations: int = 5
-    """the texts of this many last iterations are kept for the report's samples"""
-    out: str = "docs/results/rlhf_overoptimization"
-    """prefix of the written files; the runs are added to <out>.ppo.json (a rerun of a run replaces it)"""
+    keep_iterations: int = 5  # the texts of this many last iterations are kept for the report's samples
+    out: str = OUT  # prefix of the written files; the runs are added to <out>.ppo.json (a rerun of a run replaces it)
 
 
 @dataclass
 class Report:
-    out: str = "docs/results/rlhf_overoptimization"
-    """prefix of the read .best_of_n.json and .ppo.json and of the written .md and .png"""
+    out: str = OUT  # prefix of the read .best_of_n.json and .ppo.json and of the written .md and .png
     ppo_json: list[str] = field(default_factory=list)
     """the PPO results to read (default: <out>.ppo.json), e.g. several files from runs made elsewhere"""
-    num_disagreements: int = 4
-    """samples shown per run where proxy and gold disagree most"""
+    num_disagreements: int = 4  # samples shown per run where proxy and gold disagree most
 
 
-# --------------------------------------------------------------------------------------------------- the math
+def beta_term(d: np.ndarray, form: str) -> np.ndarray:
+    """What beta multiplies, negated, in Gao et al.'s forms: RL d log d (0 at d = 0), best-of-n d^2."""
+    return np.where(d > 0, d * np.log(np.where(d > 0, d, 1.0)), 0.0) if form == "rl" else d**2
 
 
 def fit_gold(d, gold, form: str) -> tuple[float, float] | None:
-    """alpha, beta of Gao et al.'s form by least squares: RL d (alpha - beta log d), best-of-n
-    d (alpha - beta d). None when fewer than two points have d > 0."""
+    """alpha, beta of Gao et al.'s form by least squares: RL d (alpha - beta log d), best-of-n d (alpha - beta d).
+    None when fewer than two points have d > 0."""
     d, gold = np.asarray(d, dtype=np.float64), np.asarray(gold, dtype=np.float64)
     if np.sum(d > 0) < 2:
         return None
-    second = np.where(d > 0, d * np.log(np.where(d > 0, d, 1.0)), 0.0) if form == "rl" else d**2
-    (alpha, beta), *_ = np.linalg.lstsq(np.stack([d, -second], 1), gold, rcond=None)
+    (alpha, beta), *_ = np.linalg.lstsq(np.stack([d, -beta_term(d, form)], 1), gold, rcond=None)
     return float(alpha), float(beta)
 
 
 def gold_form(d, alpha: float, beta: float, form: str) -> np.ndarray:
     d = np.asarray(d, dtype=np.float64)
-    second = np.where(d > 0, d * np.log(np.where(d > 0, d, 1.0)), 0.0) if form == "rl" else d**2
-    return alpha * d - beta * second
+    return alpha * d - beta * beta_term(d, form)
 
 
 def gold_peak(alpha: float, beta: float, form: str) -> float | None:
-    """The d >= 0 where the fitted gold curve peaks: where its derivative is 0 (best-of-n: 0 if that is
-    below 0, the curve falls from the start); None if it never turns down (beta <= 0)."""
+    """The d >= 0 where the fitted gold curve peaks: RL exp(alpha / beta - 1), best-of-n alpha / (2 beta) (0 if
+    that is below 0: the curve falls from the start); None if it never turns down (beta <= 0)."""
     if beta <= 0:
         return None
     return math.exp(alpha / beta - 1) if form == "rl" else max(0.0, alpha / (2 * beta))
@@ -155,7 +123,13 @@ def repeated_word_share(text: str) -> float:
     return 1 - len(set(words)) / len(words) if words else 0.0
 
 
-# ---------------------------------------------------------------------------------------------- best-of-n
+def bootstrap_interval(statistic, num_prompts: int, resamples: int = 4000, seed: int = 0) -> tuple:
+    """95% percentile interval of statistic(prompt indices) over `resamples` resamplings of the prompts with
+    replacement (the unit that varies: a prompt's N responses stay together)."""
+    rng = np.random.default_rng(seed)
+    values = [statistic(rng.integers(0, num_prompts, num_prompts)) for _ in range(resamples)]
+    low, high = np.percentile(values, [2.5, 97.5])
+    return float(low), float(high)
 
 
 def parse_ppo_flags(flags: str, **set_here) -> rlhf.Args:
@@ -167,8 +141,7 @@ def parse_ppo_flags(flags: str, **set_here) -> rlhf.Args:
         if any(t.split("=")[0] in (flag, "--" + name) for t in tokens):
             raise SystemExit(f"error: --ppo-flags may not set {flag}: this experiment sets it")
     default = rlhf.Args(kl_target=None, runs_dir=os.path.join(ROOT, "experiments/runs/rlhf_overoptimization"))
-    run_args = tyro.cli(rlhf.Args, args=tokens, default=default, prog="--ppo-flags")
-    return dataclasses.replace(run_args, **set_here)
+    return dataclasses.replace(tyro.cli(rlhf.Args, args=tokens, default=default, prog="--ppo-flags"), **set_here)
 
 
 def proxy_names(paths: list[str], names: list[str]) -> list[str]:
@@ -187,18 +160,15 @@ def proxy_names(paths: list[str], names: list[str]) -> list[str]:
     return named
 
 
-def bootstrap_interval(statistic, num_prompts: int, resamples: int = 4000, seed: int = 0) -> tuple:
-    """95% percentile interval of statistic(prompt indices) over `resamples` resamplings of the prompts with
-    replacement (the unit that varies: a prompt's N responses stay together)."""
-    rng = np.random.default_rng(seed)
-    values = [statistic(rng.integers(0, num_prompts, num_prompts)) for _ in range(resamples)]
-    low, high = np.percentile(values, [2.5, 97.5])
-    return float(low), float(high)
-
-
 def score(reward_fn, texts: list[str], responses: list[str], chunk: int) -> list[float]:
     return torch.cat([reward_fn(texts[i : i + chunk], responses[i : i + chunk]).float().cpu()
                       for i in range(0, len(texts), chunk)]).tolist()
+
+
+def write_json(path: str, data) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(data, f)
 
 
 def run_best_of_n(args: BestOfN) -> dict:
@@ -211,7 +181,6 @@ def run_best_of_n(args: BestOfN) -> dict:
     device = torch.device("cuda" if run_args.cuda and torch.cuda.is_available() else "cpu")
     torch.set_num_threads(run_args.num_threads)
     torch.manual_seed(run_args.seed)
-
     # sample once: N responses per prompt, ppo_rlhf_gpt2's own sampling and truncation
     tokenizer, _, stop_token_id = rlhf.load_tokenizer(run_args.model_name, run_args.stop_token)
     policy = rlhf.load_policy(run_args.model_name, device)
@@ -224,64 +193,49 @@ def run_best_of_n(args: BestOfN) -> dict:
 
     flat = [p for p in prompts for _ in range(args.n)]
     for start in range(0, len(flat), args.batch_size):
-        queries = rlhf.tokenize_queries(tokenizer, flat[start : start + args.batch_size],
-                                        run_args.max_query_length, device)
-        _, _, mask, contain_stop, _ = rlhf.sample_and_score(policy, queries, tokenizer, stop_token_id,
-                                                           collect, run_args)
+        queries = rlhf.tokenize_queries(tokenizer, flat[start : start + args.batch_size], run_args.max_query_length,
+                                        device)
+        _, _, mask, contain_stop, _ = rlhf.sample_and_score(policy, queries, tokenizer, stop_token_id, collect,
+                                                           run_args)
         lengths += mask.sum(1).tolist()
         stops += contain_stop.tolist()
         print(f"sampled {len(texts)}/{len(flat)} responses", flush=True)
     del policy
-
     # score: every proxy as ppo_rlhf_gpt2 loads a folder (logits + reward_bias), and gold (its vader)
-    chunk = run_args.local_rollout_forward_batch_size
+    chunk, shape = run_args.local_rollout_forward_batch_size, (len(prompts), args.n)
     gold = score(rlhf.load_reward_fn(run_args, device), texts, responses, chunk)
-    shape = (len(prompts), args.n)
-    proxies = []
-    for path, name in zip(args.proxies, names):
-        proxy = score(rlhf.load_reward_fn(dataclasses.replace(run_args, reward_model=path), device), texts,
-                      responses, chunk)
-        proxies.append({"path": path, "name": name, "scores": np.reshape(proxy, shape).tolist()})
+    proxies = [{"path": path, "name": name, "scores": np.reshape(score(rlhf.load_reward_fn(
+        dataclasses.replace(run_args, reward_model=path), device), texts, responses, chunk), shape).tolist()}
+        for path, name in zip(args.proxies, names)]
     result = {"command": command_of("best-of-n", args), "n": args.n, "prompts": prompts,
               "settings": settings_of(run_args), "proxies": proxies, "gold": np.reshape(gold, shape).tolist(),
               "responses": np.reshape(np.array(responses, dtype=object), shape).tolist(),
               "lengths": np.reshape(lengths, shape).tolist(), "stops": np.reshape(stops, shape).tolist()}
     path = os.path.join(ROOT, args.out + ".best_of_n.json")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(result, f)
+    write_json(path, result)
     print(f"wrote {path}")
     return result
 
 
-# -------------------------------------------------------------------------------------------------------- PPO
-
-
 def record_ppo_run(run_args: rlhf.Args) -> tuple[dict, list[dict]]:
     """ppo_rlhf_gpt2.main(run_args) with load_reward_fn, sample_and_score and evaluate wrapped from outside
-    (restored afterwards, also when the run raises). Returns the run's result and its batches in order, each
-    {"phase": "normalization" | "train" | "eval", "iteration" (train: its number; eval: the training
-    iterations before it), "greedy", "texts", "responses", "proxy", "gold", "lengths", "stops", "calls"}."""
+    (restored afterwards, also when the run raises): every call of the reward function also scores the same texts
+    by gold. Returns the run's result and its batches in order, each {"phase": "normalization" | "train" | "eval",
+    "iteration" (train: its number; eval: the training iterations before it), "greedy", "texts", "responses",
+    "proxy", "gold", "lengths", "stops", "calls"}."""
     real_load, real_sample, real_evaluate = rlhf.load_reward_fn, rlhf.sample_and_score, rlhf.evaluate
     batches, state = [], {"eval": None, "train": 0, "normalization": 0}
-
-    def open_batch(phase, iteration, greedy=False):
-        batches.append(dict(phase=phase, iteration=iteration, greedy=greedy, texts=[], responses=[], proxy=[],
-                            gold=[], lengths=[], stops=[], calls=0))
 
     def watched_load_reward_fn(args, device):
         proxy_fn = real_load(args, device)
         gold_fn = real_load(dataclasses.replace(args, reward_model="vader"), device)
 
-        def reward_fn(texts, responses):
-            scores = proxy_fn(texts, responses)
-            if not batches:  # a call outside sample_and_score (none in today's script)
-                open_batch("other", state["train"])
-            batch = batches[-1]
+        def reward_fn(texts, responses):  # called by sample_and_score only: its batch is open
+            scores, batch = proxy_fn(texts, responses), batches[-1]
             batch["texts"] += texts
             batch["responses"] += responses
             batch["proxy"] += scores.float().cpu().tolist()
-            batch["gold"] += gold_fn(texts, responses).float().cpu().tolist()  # the same texts
+            batch["gold"] += gold_fn(texts, responses).float().cpu().tolist()
             batch["calls"] += 1
             return scores
 
@@ -289,17 +243,17 @@ def record_ppo_run(run_args: rlhf.Args) -> tuple[dict, list[dict]]:
 
     def watched_sample_and_score(*a, **kw):
         if state["eval"] is not None:
-            open_batch("eval", state["train"], state["eval"])
+            phase, iteration = "eval", state["train"]
         elif run_args.normalize_scores and state["normalization"] < run_args.norm_batches:  # sampled first
-            state["normalization"] += 1
-            open_batch("normalization", 0)
+            phase, iteration, state["normalization"] = "normalization", 0, state["normalization"] + 1
         else:
-            state["train"] += 1
-            open_batch("train", state["train"])
+            phase, iteration = "train", state["train"] + 1
+            state["train"] = iteration
+        batches.append(dict(phase=phase, iteration=iteration, greedy=bool(state["eval"]), texts=[], responses=[],
+                            proxy=[], gold=[], lengths=[], stops=[], calls=0))
         out = real_sample(*a, **kw)
-        _, _, response_mask, contain_stop, _ = out
-        batches[-1]["lengths"] += response_mask.sum(1).tolist()
-        batches[-1]["stops"] += contain_stop.tolist()
+        batches[-1]["lengths"] += out[2].sum(1).tolist()  # the response mask
+        batches[-1]["stops"] += out[3].tolist()  # contain_stop
         return out
 
     def watched_evaluate(*a, **kw):
@@ -309,13 +263,9 @@ def record_ppo_run(run_args: rlhf.Args) -> tuple[dict, list[dict]]:
         finally:
             state["eval"] = None
 
-    rlhf.load_reward_fn, rlhf.sample_and_score, rlhf.evaluate = (watched_load_reward_fn,
-                                                                 watched_sample_and_score, watched_evaluate)
-    try:
-        result = rlhf.main(run_args)
-    finally:
-        rlhf.load_reward_fn, rlhf.sample_and_score, rlhf.evaluate = real_load, real_sample, real_evaluate
-    return result, batches
+    with mock.patch.multiple(rlhf, load_reward_fn=watched_load_reward_fn, sample_and_score=watched_sample_and_score,
+                             evaluate=watched_evaluate):
+        return rlhf.main(run_args), batches
 
 
 def read_scalars(run_dir: str) -> dict:
@@ -325,22 +275,19 @@ def read_scalars(run_dir: str) -> dict:
 
 
 def batch_summary(batches: list[dict]) -> dict:
-    proxy = np.concatenate([b["proxy"] for b in batches])
-    gold = np.concatenate([b["gold"] for b in batches])
+    proxy, gold = (np.concatenate([b[key] for b in batches]) for key in ("proxy", "gold"))
     return {"proxy": float(proxy.mean()), "gold": float(gold.mean()), "proxy_std": float(proxy.std()),
             "gold_std": float(gold.std()), "responses": len(proxy),
             "length": float(np.mean([x for b in batches for x in b["lengths"]])),
             "stop_share": float(np.mean([x for b in batches for x in b["stops"]])),
-            "repeated_words": float(np.mean([repeated_word_share(r) for b in batches
-                                             for r in b["responses"]]))}
+            "repeated_words": float(np.mean([repeated_word_share(r) for b in batches for r in b["responses"]]))}
 
 
 def summarize_run(run_args: rlhf.Args, result: dict, batches: list[dict], keep_iterations: int) -> dict:
     """Per iteration: the batch's proxy, gold, KL (from the TensorBoard log), length, stop share and repeated
     words; the initial policy's batches; the held-out evaluations; the last iterations' texts."""
     scalars = read_scalars(result["run_dir"])
-    kl = dict(scalars.get("objective/kl", []))
-    logged_raw = dict(scalars.get("objective/raw_scores", []))
+    kl, logged_raw = (dict(scalars.get(tag, [])) for tag in ("objective/kl", "objective/raw_scores"))
     train = [b for b in batches if b["phase"] == "train"]
     # the recording is of the run the script logged: one batch per logged iteration, the same mean proxy
     if sorted(kl) != [b["iteration"] for b in train]:
@@ -349,18 +296,16 @@ def summarize_run(run_args: rlhf.Args, result: dict, batches: list[dict], keep_i
         if not math.isclose(np.mean(b["proxy"]), logged_raw[b["iteration"]], rel_tol=1e-4, abs_tol=1e-4):
             raise SystemExit(f"error: iteration {b['iteration']}: the recorded proxy mean differs from the "
                              "logged objective/raw_scores")
-    iterations = [{"iteration": b["iteration"], "kl": kl[b["iteration"]], **batch_summary([b])}
-                  for b in train]
     # the initial policy's responses on training prompts: the normalization batches and iteration 1's
     initial = [b for b in batches if b["phase"] == "normalization"] + train[:1]
     evals = {}
     for b in (b for b in batches if b["phase"] == "eval" and not b["greedy"]):
         evals.setdefault(b["iteration"], []).append(b)
-    return {"iterations": iterations, "initial": batch_summary(initial),
+    return {"iterations": [{"iteration": b["iteration"], "kl": kl[b["iteration"]], **batch_summary([b])}
+                           for b in train], "initial": batch_summary(initial),
             "eval": [{"after_iteration": it, **batch_summary(bs)} for it, bs in sorted(evals.items())],
             "samples": [{"iteration": b["iteration"], "responses": b["responses"], "proxy": b["proxy"],
-                         "gold": b["gold"]} for b in train[-keep_iterations:]],
-            "run_dir": result["run_dir"]}
+                         "gold": b["gold"]} for b in train[-keep_iterations:]], "run_dir": result["run_dir"]}
 
 
 def run_ppo(args: Ppo) -> list[dict]:
@@ -368,8 +313,7 @@ def run_ppo(args: Ppo) -> list[dict]:
     if not args.kl_coefs or min(args.kl_coefs) < 0:
         raise SystemExit("error: --kl-coefs must give at least one coefficient, each at least 0")
     parse_ppo_flags(args.ppo_flags, reward_model=args.proxies[0], kl_coef=args.kl_coefs[0])  # fails early
-    path = os.path.join(ROOT, args.out + ".ppo.json")
-    runs = []
+    path, runs = os.path.join(ROOT, args.out + ".ppo.json"), []
     for proxy, name in zip(args.proxies, names):
         for kl_coef in args.kl_coefs:
             run_args = parse_ppo_flags(args.ppo_flags, reward_model=proxy, kl_coef=kl_coef)
@@ -381,16 +325,11 @@ def run_ppo(args: Ppo) -> list[dict]:
             result, batches = record_ppo_run(run_args)
             run = {"proxy": proxy, "proxy_name": name, "kl_coef": kl_coef, "kl_target": run_args.kl_target,
                    "command": command_of("ppo", args), "ppo_command": " ".join(ppo_command.split()),
-                   "settings": settings_of(run_args),
-                   **summarize_run(run_args, result, batches, args.keep_iterations)}
+                   "settings": settings_of(run_args), **summarize_run(run_args, result, batches, args.keep_iterations)}
             runs.append(run)
             # saved after every run, added to the runs already in the file (the same run again replaces it)
-            saved = json.load(open(path)) if os.path.exists(path) else []
-            saved = [r for r in saved if (r["proxy"], r["kl_coef"], r["ppo_command"]) !=
-                     (run["proxy"], run["kl_coef"], run["ppo_command"])] + [run]
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "w") as f:
-                json.dump(saved, f)
+            saved, key = json.load(open(path)) if os.path.exists(path) else [], (proxy, kl_coef, run["ppo_command"])
+            write_json(path, [r for r in saved if (r["proxy"], r["kl_coef"], r["ppo_command"]) != key] + [run])
             print(f"{name}, kl_coef {kl_coef:g}: saved to {path}")
     return runs
 
@@ -400,13 +339,10 @@ def command_of(subcommand: str, args) -> str:
     parts = [SCRIPT, subcommand]
     for f in dataclasses.fields(args):
         value = getattr(args, f.name)
-        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        if value == default:
+        if value == (f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default):
             continue
         flag = "--" + f.name.replace("_", "-")
-        if isinstance(value, bool):
-            parts.append(flag if value else "--no-" + f.name.replace("_", "-"))
-        elif isinstance(value, list):
+        if isinstance(value, list):
             parts += [flag] + [shlex.quote(f"{v:g}" if isinstance(v, float) else str(v)) for v in value]
         elif str(value).startswith("-"):  # --ppo-flags="--model-name ...": a value that looks like a flag
             parts.append(f"{flag}={shlex.quote(str(value))}")
@@ -416,25 +352,18 @@ def command_of(subcommand: str, args) -> str:
 
 
 def settings_of(run_args: rlhf.Args) -> dict:
-    keys = ("model_name", "temperature", "response_length", "min_response_length", "stop_token",
-            "max_query_length", "seed", "total_episodes", "batch_size", "learning_rate", "kl_target",
-            "eval_episodes")
+    keys = ("model_name", "temperature", "response_length", "min_response_length", "stop_token", "max_query_length",
+            "seed", "total_episodes", "batch_size", "learning_rate", "kl_target", "eval_episodes")
     return {k: getattr(run_args, k) for k in keys}
 
 
-# ----------------------------------------------------------------------------------------------------- report
-
-
 def best_of_n_curves(bon: dict) -> list[dict]:
-    """Per proxy: for n = 1, 2, 4, ... up to N / 4 (N at least 4 times the largest n), the bound on KL, d,
-    and the change of proxy and gold from n = 1 (the initial policy's mean), gold also in units of the
-    initial policy's gold std, each change with its 95% interval over prompts; the gold at the n where its
-    mean peaks minus the gold at the largest n (with its interval: a fall, if it excludes 0); the proxy's
-    correlation with gold over all responses (with its interval)."""
-    gold = np.array(bon["gold"])
-    N, num_prompts = bon["n"], len(bon["gold"])
-    ns = [2**k for k in range(int(math.log2(max(N // 4, 1))) + 1)]
-    gold_std = float(gold.std())
+    """Per proxy: for n = 1, 2, 4, ... up to N / 4, the bound on KL, d, and the change of proxy and gold from
+    n = 1 (the initial policy's mean), gold also in units of the initial policy's gold std, each with its 95%
+    interval over prompts; the gold at the n where its mean peaks minus the gold at the largest n (with its
+    interval: a fall, if it excludes 0); the proxy's correlation with gold over all responses (with its interval)."""
+    gold, num_prompts = np.array(bon["gold"]), len(bon["gold"])
+    ns, gold_std = [2**k for k in range(int(math.log2(max(bon["n"] // 4, 1))) + 1)], float(gold.std())
     curves = []
     for proxy in bon["proxies"]:
         p = np.array(proxy["scores"])
@@ -444,18 +373,16 @@ def best_of_n_curves(bon: dict) -> list[dict]:
             proxy_change, gold_change = (per_prompt[n][k] - per_prompt[1][k] for k in (0, 1))
             points.append({
                 "n": n, "kl": float(best_of_n_kl(n)), "d": math.sqrt(float(best_of_n_kl(n))),
-                "proxy": float(per_prompt[n][0].mean()), "gold": float(per_prompt[n][1].mean()),
                 "proxy_change": float(proxy_change.mean()), "gold_change": float(gold_change.mean()),
                 "proxy_change_ci": bootstrap_interval(lambda i: proxy_change[i].mean(), num_prompts),
                 "gold_change_ci": bootstrap_interval(lambda i: gold_change[i].mean(), num_prompts),
                 "gold_change_std": float(gold_change.mean()) / gold_std if gold_std > 0 else None})
         peak = max(points, key=lambda pt: pt["gold_change"])
         fall = per_prompt[peak["n"]][1] - per_prompt[ns[-1]][1]
-        correlation = float(np.corrcoef(p.ravel(), gold.ravel())[0, 1])
-        curves.append({"name": proxy["name"], "path": proxy["path"], "points": points, "gold_std": gold_std,
+        curves.append({"name": proxy["name"], "points": points, "gold_std": gold_std,
                        "proxy_std": float(p.std()), "peak_n": peak["n"], "fall": float(fall.mean()),
                        "fall_ci": bootstrap_interval(lambda i: fall[i].mean(), num_prompts),
-                       "correlation": correlation,
+                       "correlation": float(np.corrcoef(p.ravel(), gold.ravel())[0, 1]),
                        "correlation_ci": bootstrap_interval(
                            lambda i: np.corrcoef(p[i].ravel(), gold[i].ravel())[0, 1], num_prompts)})
     return curves
@@ -465,10 +392,8 @@ def ppo_curve(run: dict) -> list[dict]:
     initial = run["initial"]
     return [{"iteration": it["iteration"], "kl": it["kl"], "d": math.sqrt(max(it["kl"], 0.0)),
              "proxy_change": it["proxy"] - initial["proxy"], "gold_change": it["gold"] - initial["gold"],
-             "gold_change_std": (it["gold"] - initial["gold"]) / initial["gold_std"]
-             if initial["gold_std"] > 0 else None,
-             "length": it["length"], "stop_share": it["stop_share"], "repeated_words": it["repeated_words"]}
-            for it in run["iterations"]]
+             "gold_change_std": (it["gold"] - initial["gold"]) / initial["gold_std"] if initial["gold_std"] > 0
+             else None, **{k: it[k] for k in ("length", "stop_share", "repeated_words")}} for it in run["iterations"]]
 
 
 def disagreements(responses, proxy, gold, k: int) -> list[tuple]:
@@ -487,8 +412,45 @@ def fmt(x, digits=3, sign="") -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:{sign}.{digits}f}"
 
 
-def quote(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ").replace("`", "'")
+def plot(path: str, bon_curves: list[dict], runs: list[dict], curves: list[list[dict]], fits: list[tuple]) -> None:
+    """Proxy and gold change against d = sqrt(KL), the fitted gold forms drawn over the gold."""
+    names = list(dict.fromkeys([c["name"] for c in bon_curves] + [r["proxy_name"] for r in runs]))
+    colors = {name: f"C{i}" for i, name in enumerate(names)}
+    fig, (ax_proxy, ax_gold) = plt.subplots(1, 2, figsize=(13, 5))
+    styles, kl_coefs = ["o", "s", "^", "v", "D", "x"], sorted({r["kl_coef"] for r in runs})
+    for c in bon_curves:
+        d = [p["d"] for p in c["points"]]
+        ax_proxy.plot(d, [p["proxy_change"] for p in c["points"]], "--*", color=colors[c["name"]], ms=8,
+                      label=f"best-of-n, {c['name']}")
+        ax_gold.plot(d, [p["gold_change"] for p in c["points"]], "*", color=colors[c["name"]], ms=8,
+                     label=f"best-of-n, {c['name']}")
+    for r, curve in zip(runs, curves):
+        style = dict(color=colors[r["proxy_name"]], ms=3, alpha=0.6, label=f"PPO kl_coef {r['kl_coef']:g}, "
+                     f"{r['proxy_name']}")
+        marker, d = styles[kl_coefs.index(r["kl_coef"]) % len(styles)], [p["d"] for p in curve]
+        ax_proxy.plot(d, [p["proxy_change"] for p in curve], marker, **style)
+        ax_gold.plot(d, [p["gold_change"] for p in curve], marker, **style)
+    for _, name, form, fit, d, _, _ in fits:
+        if fit is not None and max(d) > 0:
+            grid = np.linspace(0, max(d) * 1.05, 200)
+            ax_gold.plot(grid, gold_form(grid, *fit, form), "-" if form == "rl" else ":", color=colors[name],
+                         lw=1.2)
+    ax_proxy.set_ylabel("proxy score change (proxy std on the initial responses = 1)")
+    ax_gold.set_ylabel("gold (vader compound) change")
+    gold_std = bon_curves[0]["gold_std"] if bon_curves else (runs[0]["initial"]["gold_std"] if runs else 0)
+    if gold_std > 0:
+        secondary = ax_gold.secondary_yaxis("right", functions=(lambda y: y / gold_std, lambda y: y * gold_std))
+        secondary.set_ylabel(f"gold change in initial gold std ({gold_std:.3f})")
+    for ax in (ax_proxy, ax_gold):
+        ax.set_xlabel("d = sqrt(KL to the initial policy, nats)")
+        ax.axhline(0, color="k", lw=0.5)
+        ax.grid(alpha=0.3)
+    ax_proxy.legend(fontsize=7)
+    ax_proxy.set_title("proxy (the reward model optimized)")
+    ax_gold.set_title("gold (vader): points measured; lines fitted (solid PPO, dotted best-of-n)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def run_report(args: Report) -> str:
@@ -503,13 +465,10 @@ def run_report(args: Report) -> str:
             raise SystemExit(f"error: --ppo-json {path}: no such file")
     if bon is None and not runs:
         raise SystemExit(f"error: neither {bon_path} nor {out}.ppo.json exists: run best-of-n or ppo first")
-    bon_curves = best_of_n_curves(bon) if bon else []
-    names = list(dict.fromkeys([c["name"] for c in bon_curves] + [r["proxy_name"] for r in runs]))
-    colors = {name: f"C{i}" for i, name in enumerate(names)}
-
+    bon_curves, curves = best_of_n_curves(bon) if bon else [], [ppo_curve(r) for r in runs]
     # each command once, numbered: the tables name theirs by number, listed below each table
-    numbered = {c: f"[{i + 1}]" for i, c in enumerate(dict.fromkeys(
-        ([bon["command"]] if bon else []) + [r["command"] for r in runs]))}
+    all_commands = ([bon["command"]] if bon else []) + [r["command"] for r in runs]
+    numbered = {c: f"[{i + 1}]" for i, c in enumerate(dict.fromkeys(all_commands))}
 
     def commands_of(used) -> list[str]:
         return ["", "Commands: " + "; ".join(f"{numbered[c]} `{c}`" for c in dict.fromkeys(used)) + "."]
@@ -517,209 +476,131 @@ def run_report(args: Report) -> str:
     fits = []  # (label, proxy name, form, (alpha, beta) or None, d, gold change, command)
     for c in bon_curves:
         d, g = [p["d"] for p in c["points"]], [p["gold_change"] for p in c["points"]]
-        fits.append((f"best-of-n, {c['name']}", c["name"], "bon", fit_gold(d, g, "bon"), d, g,
-                     bon["command"]))
-    for r in runs:
-        curve = ppo_curve(r)
+        fits.append((f"best-of-n, {c['name']}", c["name"], "bon", fit_gold(d, g, "bon"), d, g, bon["command"]))
+    for r, curve in zip(runs, curves):
         d, g = [p["d"] for p in curve], [p["gold_change"] for p in curve]
         fits.append((f"PPO kl_coef {r['kl_coef']:g}, {r['proxy_name']}", r["proxy_name"], "rl",
                      fit_gold(d, g, "rl"), d, g, r["command"]))
-
-    # the figure: proxy and gold change against d = sqrt(KL)
-    fig, (ax_proxy, ax_gold) = plt.subplots(1, 2, figsize=(13, 5))
-    styles = ["o", "s", "^", "v", "D", "x"]
-    kl_coefs = sorted({r["kl_coef"] for r in runs})
-    for c in bon_curves:
-        d = [p["d"] for p in c["points"]]
-        ax_proxy.plot(d, [p["proxy_change"] for p in c["points"]], "--*", color=colors[c["name"]], ms=8,
-                      label=f"best-of-n, {c['name']}")
-        ax_gold.plot(d, [p["gold_change"] for p in c["points"]], "*", color=colors[c["name"]], ms=8,
-                     label=f"best-of-n, {c['name']}")
-    for r in runs:
-        curve = ppo_curve(r)
-        marker = styles[kl_coefs.index(r["kl_coef"]) % len(styles)]
-        label = f"PPO kl_coef {r['kl_coef']:g}, {r['proxy_name']}"
-        d = [p["d"] for p in curve]
-        ax_proxy.plot(d, [p["proxy_change"] for p in curve], marker, color=colors[r["proxy_name"]], ms=3,
-                      alpha=0.6, label=label)
-        ax_gold.plot(d, [p["gold_change"] for p in curve], marker, color=colors[r["proxy_name"]], ms=3,
-                     alpha=0.6, label=label)
-    for label, name, form, fit, d, _, _ in fits:
-        if fit is not None and max(d) > 0:
-            grid = np.linspace(0, max(d) * 1.05, 200)
-            ax_gold.plot(grid, gold_form(grid, *fit, form), "-" if form == "rl" else ":", color=colors[name],
-                         lw=1.2)
-    ax_proxy.set_ylabel("proxy score change (proxy std on the initial responses = 1)")
-    ax_gold.set_ylabel("gold (vader compound) change")
-    gold_std = bon_curves[0]["gold_std"] if bon_curves else (runs[0]["initial"]["gold_std"] if runs else 0)
-    if gold_std > 0:
-        to_std = (lambda y: y / gold_std, lambda y: y * gold_std)
-        secondary = ax_gold.secondary_yaxis("right", functions=to_std)
-        secondary.set_ylabel(f"gold change in initial gold std ({gold_std:.3f})")
-    for ax in (ax_proxy, ax_gold):
-        ax.set_xlabel("d = sqrt(KL to the initial policy, nats)")
-        ax.axhline(0, color="k", lw=0.5)
-        ax.grid(alpha=0.3)
-    ax_proxy.legend(fontsize=7)
-    ax_proxy.set_title("proxy (the reward model optimized)")
-    ax_gold.set_title("gold (vader): points measured; lines fitted (solid PPO, dotted best-of-n)")
-    fig.tight_layout()
-    fig.savefig(out + ".png", dpi=110)
-    plt.close(fig)
+    plot(out + ".png", bon_curves, runs, curves, fits)
 
     report_command = command_of("report", args)
     lines = [
-        "# Reward over-optimization: a learned proxy against the gold scorer",
-        "",
-        "Gold: vader's compound sentiment of prompt + response (in [-1, 1]), standing in for the people "
-        "whose comparisons a reward model learns from. Proxies: reward models trained on gold-labeled "
-        "comparisons of the initial policy, their scores normalized to std 1 on the initial policy's "
-        "responses. Scores are changes from the initial policy's mean: the proxy in its normalized units, "
-        "gold in vader compound units and in "
-        "units of the initial policy's gold std. d = sqrt(KL to the initial policy) in sqrt(nats): for "
-        "best-of-n, the upper bound log n - (n - 1) / n (Gao et al.'s value); for PPO, the logged "
-        "per-response estimate `objective/kl` of each PPO batch (negative estimates count as 0).",
-        "",
-        f"Page and figure: `{report_command}`.",
-        "",
-        f"![proxy and gold against d]({os.path.basename(out)}.png)",
-        "",
-        "## Fits of Gao et al.'s forms to the gold curves",
-        "",
-        "RL: gold(d) = d (alpha - beta log d), peak at d* = exp(alpha / beta - 1); best-of-n: gold(d) = "
-        "d (alpha - beta d), peak at d* = alpha / (2 beta); least squares on the gold changes (vader units). "
-        "No peak: beta <= 0, the fitted curve never turns down.",
-        "",
-        "| curve | alpha | beta | peak d* | KL at the peak (nats) | largest d measured | rms residual "
-        "| points | command |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+        "# Reward over-optimization: a learned proxy against the gold scorer", "",
+        "Gold: vader's compound sentiment of prompt + response (in [-1, 1]), standing in for the people whose "
+        "comparisons a reward model learns from. Proxies: reward models trained on gold-labeled comparisons of the "
+        "initial policy, their scores normalized to std 1 on the initial policy's responses. Scores are changes "
+        "from the initial policy's mean: the proxy in its normalized units, gold in vader compound units and in "
+        "units of the initial policy's gold std. d = sqrt(KL to the initial policy) in sqrt(nats): for best-of-n, "
+        "the upper bound log n - (n - 1) / n (Gao et al.'s value); for PPO, the logged per-response estimate "
+        "`objective/kl` of each PPO batch (negative estimates count as 0).", "",
+        f"Page and figure: `{report_command}`.", "", f"![proxy and gold against d]({os.path.basename(out)}.png)", "",
+        "## Fits of Gao et al.'s forms to the gold curves", "",
+        "RL: gold(d) = d (alpha - beta log d), peak at d* = exp(alpha / beta - 1); best-of-n: gold(d) = d (alpha - "
+        "beta d), peak at d* = alpha / (2 beta); least squares on the gold changes (vader units). No peak: beta <= "
+        "0, the fitted curve never turns down.", "",
+        "| curve | alpha | beta | peak d* | KL at the peak (nats) | largest d measured | rms residual | points "
+        "| command |", "|---|---|---|---|---|---|---|---|---|"]
     for label, name, form, fit, d, g, command in fits:
         if fit is None:
-            lines.append(f"| {label} | - | - | too few points | | {fmt(max(d))} | | {len(d)} | "
-                         f"{numbered[command]} |")
+            lines.append(f"| {label} | - | - | too few points | | {fmt(max(d))} | | {len(d)} | {numbered[command]} |")
             continue
-        peak = gold_peak(*fit, form)
-        rms = float(np.sqrt(np.mean((gold_form(d, *fit, form) - np.array(g)) ** 2)))
-        peak_text = fmt(peak) if peak is not None else "no peak"
-        lines.append(f"| {label} | {fit[0]:.4f} | {fit[1]:.4f} | {peak_text} | "
+        peak, rms = gold_peak(*fit, form), float(np.sqrt(np.mean((gold_form(d, *fit, form) - np.array(g)) ** 2)))
+        lines.append(f"| {label} | {fit[0]:.4f} | {fit[1]:.4f} | {fmt(peak) if peak is not None else 'no peak'} | "
                      f"{fmt(peak**2 if peak is not None else None)} | {fmt(max(d))} | {rms:.4f} | {len(d)} | "
                      f"{numbered[command]} |")
-
     lines += commands_of([f[-1] for f in fits])
-    if bon:
-        s = bon["settings"]
-        lines += ["", "## Best-of-n", "",
-                  f"Command {numbered[bon['command']]}: `{bon['command']}`. {len(bon['prompts'])} held-out "
-                  f"prompts ({len(set(bon['prompts']))} distinct), N = {bon['n']} responses each from "
-                  f"{s['model_name']} (temperature {s['temperature']:g}, {s['response_length']} tokens, "
-                  f"stop token "
-                  f"{s['stop_token']!r} from token {s['min_response_length']}). Expected best of n over all "
-                  f"n-subsets of each prompt's N; initial policy (n = 1): gold {np.mean(bon['gold']):.4f} "
-                  f"(std {bon_curves[0]['gold_std']:.4f})."]
-        lines += [f"Shown up to n = {bon_curves[0]['points'][-1]['n']} (N / 4); the intervals are 95% over "
-                  f"the {len(bon['prompts'])} prompts (4,000 bootstrap resamples of the prompts). KL: the upper "
-                  "bound log n - (n - 1) / n."]
-        for c in bon_curves:
-            lines += ["", f"**{c['name']}** (proxy std on these responses {c['proxy_std']:.3f}; correlation "
-                      f"with gold over all {np.size(bon['gold'])} responses {c['correlation']:+.3f}, 95% "
-                      f"[{c['correlation_ci'][0]:+.3f}, {c['correlation_ci'][1]:+.3f}]; gold at its peak "
-                      f"mean, n = {c['peak_n']}, minus gold at n = {c['points'][-1]['n']}: {c['fall']:+.4f}, "
-                      f"95% [{c['fall_ci'][0]:+.4f}, {c['fall_ci'][1]:+.4f}])", "",
-                      "| n | KL bound (nats) | d | proxy change [95%] | gold change (vader) [95%] "
-                      "| gold change (initial std) |",
-                      "|---|---|---|---|---|---|"]
-            lines += [f"| {p['n']} | {p['kl']:.4f} | {p['d']:.4f} | {p['proxy_change']:+.3f} "
-                      f"[{p['proxy_change_ci'][0]:+.3f}, {p['proxy_change_ci'][1]:+.3f}] | "
-                      f"{p['gold_change']:+.4f} [{p['gold_change_ci'][0]:+.4f}, "
-                      f"{p['gold_change_ci'][1]:+.4f}] | "
-                      f"{fmt(p['gold_change_std'], 3, '+')} |" for p in c["points"]]
 
-    for r in runs:
-        curve = ppo_curve(r)
+    # the best-of-n and PPO sections, and their rows of what the policy learned and where proxy and gold disagree
+    learned, disagree = [], []
+
+    def disagreement_table(heading: str, column: str, picked) -> list[str]:
+        quoted = [(t.replace("|", "\\|").replace("\n", " ").replace("`", "'"), pr, g) for t, pr, g in picked]
+        return [heading, "", f"| proxy | gold | {column} |", "|---|---|---|",
+                *(f"| {pr:+.3f} | {g:+.3f} | {t} |" for t, pr, g in quoted), ""]
+
+    if bon:
+        s, n_shown = bon["settings"], bon_curves[0]["points"][-1]["n"]
+        lines += ["", "## Best-of-n", "",
+                  f"Command {numbered[bon['command']]}: `{bon['command']}`. {len(bon['prompts'])} held-out prompts "
+                  f"({len(set(bon['prompts']))} distinct), N = {bon['n']} responses each from {s['model_name']} "
+                  f"(temperature {s['temperature']:g}, {s['response_length']} tokens, stop token {s['stop_token']!r} "
+                  f"from token {s['min_response_length']}). Expected best of n over all n-subsets of each prompt's N; "
+                  f"initial policy (n = 1): gold {np.mean(bon['gold']):.4f} (std {bon_curves[0]['gold_std']:.4f}).",
+                  f"Shown up to n = {n_shown} (N / 4); the intervals are 95% over the {len(bon['prompts'])} prompts "
+                  "(4,000 bootstrap resamples of the prompts). KL: the upper bound log n - (n - 1) / n."]
+        resp = np.array(bon["responses"], dtype=object)
+        lengths, stops = np.array(bon["lengths"], dtype=float), np.array(bon["stops"], dtype=float)
+    for c in bon_curves:
+        lines += ["", f"**{c['name']}** (proxy std on these responses {c['proxy_std']:.3f}; correlation with gold "
+                  f"over all {np.size(bon['gold'])} responses {c['correlation']:+.3f}, 95% "
+                  f"[{c['correlation_ci'][0]:+.3f}, {c['correlation_ci'][1]:+.3f}]; gold at its peak mean, n = "
+                  f"{c['peak_n']}, minus gold at n = {c['points'][-1]['n']}: {c['fall']:+.4f}, 95% "
+                  f"[{c['fall_ci'][0]:+.4f}, {c['fall_ci'][1]:+.4f}])",
+                  "", "| n | KL bound (nats) | d | proxy change [95%] | gold change (vader) [95%] | gold change "
+                  "(initial std) |", "|---|---|---|---|---|---|"]
+        lines += [f"| {p['n']} | {p['kl']:.4f} | {p['d']:.4f} | {p['proxy_change']:+.3f} "
+                  f"[{p['proxy_change_ci'][0]:+.3f}, {p['proxy_change_ci'][1]:+.3f}] | {p['gold_change']:+.4f} "
+                  f"[{p['gold_change_ci'][0]:+.4f}, {p['gold_change_ci'][1]:+.4f}] | "
+                  f"{fmt(p['gold_change_std'], 3, '+')} |" for p in c["points"]]
+        # the proxy's best of all N of each prompt (ties: the first)
+        p = np.array(next(x["scores"] for x in bon["proxies"] if x["name"] == c["name"]))
+        rows, best = np.arange(len(p)), np.argmax(p, 1)
+        rep_all = np.mean([repeated_word_share(x) for x in resp.ravel()])
+        rep_best = np.mean([repeated_word_share(x) for x in resp[rows, best]])
+        learned.append(f"| best-of-{bon['n']}, {c['name']} | {len(best)} | {lengths.mean():.1f} -> "
+                       f"{lengths[rows, best].mean():.1f} | {stops.mean():.2f} -> {stops[rows, best].mean():.2f} | "
+                       f"{rep_all:.3f} -> {rep_best:.3f} | {numbered[bon['command']]} |")
+        texts = [bon["prompts"][i] + bon["responses"][i][j] for i, j in zip(rows, best)]
+        disagree += disagreement_table(f"**best-of-{bon['n']}, {c['name']}** (command {numbered[bon['command']]})",
+                                       "text", disagreements(texts, p[rows, best], np.array(bon["gold"])[rows, best],
+                                                             args.num_disagreements))
+
+    for r, curve in zip(runs, curves):
         s, init = r["settings"], r["initial"]
         shown = sorted({0, len(curve) - 1, *range(0, len(curve), max(1, len(curve) // 10))})
         kl_mode = "fixed" if r["kl_target"] is None else f"adaptive, target {r['kl_target']:g} nats"
         lines += ["", f"## PPO on {r['proxy_name']}, kl_coef {r['kl_coef']:g} ({kl_mode})", "",
-                  f"Command {numbered[r['command']]}: `{r['command']}`; this run is `{r['ppo_command']}` "
-                  f"with the gold score recorded beside it. {len(curve)} iterations of {s['batch_size']} "
-                  f"responses; initial policy "
-                  f"(the batches before the first update, {init['responses']} responses of training "
-                  f"prompts): proxy {init['proxy']:.4f}, gold {init['gold']:.4f} (std "
-                  f"{init['gold_std']:.4f}). Each row is "
-                  "one training batch (the policy before that iteration's update).", "",
-                  "| iteration | KL (nats) | d | proxy change | gold change (vader) "
-                  "| gold change (initial std) | length (tokens) | ends with stop | repeated words |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  f"Command {numbered[r['command']]}: `{r['command']}`; this run is `{r['ppo_command']}` with the gold "
+                  f"score recorded beside it. {len(curve)} iterations of {s['batch_size']} responses; initial policy "
+                  f"(the batches before the first update, {init['responses']} responses of training prompts): proxy "
+                  f"{init['proxy']:.4f}, gold {init['gold']:.4f} (std {init['gold_std']:.4f}). Each row is one "
+                  "training batch (the policy before that iteration's update).", "",
+                  "| iteration | KL (nats) | d | proxy change | gold change (vader) | gold change (initial std) "
+                  "| length (tokens) | ends with stop | repeated words |", "|---|---|---|---|---|---|---|---|---|"]
         lines += [f"| {p['iteration']} | {p['kl']:.3f} | {p['d']:.3f} | {p['proxy_change']:+.3f} | "
                   f"{p['gold_change']:+.4f} | {fmt(p['gold_change_std'], 3, '+')} | {p['length']:.1f} | "
                   f"{p['stop_share']:.2f} | {p['repeated_words']:.3f} |" for p in (curve[i] for i in shown)]
         if r["eval"]:
             lines += ["", "Held-out prompts (ppo_rlhf_gpt2's evaluation, sampled):", "",
-                      "| after iteration | responses | proxy | gold (vader) | length | ends with stop "
-                      "| repeated words |", "|---|---|---|---|---|---|---|"]
+                      "| after iteration | responses | proxy | gold (vader) | length | ends with stop | repeated words "
+                      "|", "|---|---|---|---|---|---|---|"]
             lines += [f"| {e['after_iteration']} | {e['responses']} | {e['proxy']:.4f} | {e['gold']:.4f} | "
-                      f"{e['length']:.1f} | {e['stop_share']:.2f} | {e['repeated_words']:.3f} |"
-                      for e in r["eval"]]
+                      f"{e['length']:.1f} | {e['stop_share']:.2f} | {e['repeated_words']:.3f} |" for e in r["eval"]]
+        last = r["iterations"][-len(r["samples"]):] if r["samples"] else r["iterations"][-1:]
+        learned.append(f"| PPO kl_coef {r['kl_coef']:g}, {r['proxy_name']} | {sum(x['responses'] for x in last)} | "
+                       + " | ".join(f"{init[k]:.{digits}f} -> {np.mean([x[k] for x in last]):.{digits}f}"
+                                    for k, digits in (("length", 1), ("stop_share", 2), ("repeated_words", 3)))
+                       + f" | {numbered[r['command']]} |")
+        pool = [(x, pr, g) for s in r["samples"] for x, pr, g in zip(s["responses"], s["proxy"], s["gold"])]
+        if pool:
+            disagree += disagreement_table(
+                f"**PPO kl_coef {r['kl_coef']:g}, {r['proxy_name']}, iterations {r['samples'][0]['iteration']}-"
+                f"{r['samples'][-1]['iteration']}** (command {numbered[r['command']]}; the response only, without "
+                "its prompt)", "response", disagreements(*zip(*pool), args.num_disagreements))
 
     lines += ["", "## What the policy learned", "",
-              f"Page: `{report_command}`. Initial: the initial policy's responses; optimized: PPO's last "
-              "kept iterations, best-of-n's chosen responses at the largest n. Length in tokens (stop token "
-              "included), share ending with the stop token, share of words repeating an earlier word.", "",
-              "| policy | responses | length: initial -> optimized | ends with stop | repeated words "
-              "| command |", "|---|---|---|---|---|---|"]
-    for c in bon_curves:
-        p = np.array(next(x["scores"] for x in bon["proxies"] if x["name"] == c["name"]))
-        best = np.argmax(p, 1)  # the proxy's best of all N (ties: the first)
-        rows = np.arange(len(best))
-        resp = np.array(bon["responses"], dtype=object)
-        lengths, stops = np.array(bon["lengths"], dtype=float), np.array(bon["stops"], dtype=float)
-        rep_all = np.mean([repeated_word_share(x) for x in resp.ravel()])
-        rep_best = np.mean([repeated_word_share(x) for x in resp[rows, best]])
-        lines.append(f"| best-of-{bon['n']}, {c['name']} | {len(best)} | {lengths.mean():.1f} -> "
-                     f"{lengths[rows, best].mean():.1f} | {stops.mean():.2f} -> "
-                     f"{stops[rows, best].mean():.2f} | "
-                     f"{rep_all:.3f} -> {rep_best:.3f} | {numbered[bon['command']]} |")
-    for r in runs:
-        last = r["iterations"][-len(r["samples"]):] if r["samples"] else r["iterations"][-1:]
-        init = r["initial"]
-        lines.append(f"| PPO kl_coef {r['kl_coef']:g}, {r['proxy_name']} | "
-                     f"{sum(x['responses'] for x in last)} | "
-                     f"{init['length']:.1f} -> {np.mean([x['length'] for x in last]):.1f} | "
-                     f"{init['stop_share']:.2f} -> {np.mean([x['stop_share'] for x in last]):.2f} | "
-                     f"{init['repeated_words']:.3f} -> {np.mean([x['repeated_words'] for x in last]):.3f} | "
-                     f"{numbered[r['command']]} |")
-
-    lines += commands_of(([bon["command"]] if bon else []) + [r["command"] for r in runs])
-    lines += ["", "## Where proxy and gold disagree most", "",
-              "The samples with the highest proxy rank and the lowest gold rank (ranks within the pool: "
-              "PPO's last kept iterations; best-of-n's chosen response of each prompt at the largest n).",
-              *commands_of(([bon["command"]] if bon else []) + [r["command"] for r in runs]), ""]
-    for c in bon_curves:
-        p = np.array(next(x["scores"] for x in bon["proxies"] if x["name"] == c["name"]))
-        best = np.argmax(p, 1)
-        rows = np.arange(len(best))
-        resp = [bon["prompts"][i] + bon["responses"][i][j] for i, j in zip(rows, best)]
-        picked = disagreements(resp, p[rows, best], np.array(bon["gold"])[rows, best], args.num_disagreements)
-        lines += [f"**best-of-{bon['n']}, {c['name']}** (command {numbered[bon['command']]})", "",
-                  "| proxy | gold | text |", "|---|---|---|"]
-        lines += [f"| {pr:+.3f} | {g:+.3f} | {quote(t)} |" for t, pr, g in picked] + [""]
-    for r in runs:
-        pool = [(x, pr, g) for s in r["samples"] for x, pr, g in zip(s["responses"], s["proxy"], s["gold"])]
-        if not pool:
-            continue
-        picked = disagreements(*zip(*pool), args.num_disagreements)
-        iters = f"iterations {r['samples'][0]['iteration']}-{r['samples'][-1]['iteration']}"
-        lines += [f"**PPO kl_coef {r['kl_coef']:g}, {r['proxy_name']}, {iters}** (command "
-                  f"{numbered[r['command']]}; the response only, without its prompt)", "",
-                  "| proxy | gold | response |", "|---|---|---|"]
-        lines += [f"| {pr:+.3f} | {g:+.3f} | {quote(t)} |" for t, pr, g in picked] + [""]
-
+              f"Page: `{report_command}`. Initial: the initial policy's responses; optimized: PPO's last kept "
+              "iterations, best-of-n's chosen responses at the largest n. Length in tokens (stop token included), "
+              "share ending with the stop token, share of words repeating an earlier word.", "",
+              "| policy | responses | length: initial -> optimized | ends with stop | repeated words | command |",
+              "|---|---|---|---|---|---|", *learned, *commands_of(all_commands),
+              "", "## Where proxy and gold disagree most", "",
+              "The samples with the highest proxy rank and the lowest gold rank (ranks within the pool: PPO's last "
+              "kept iterations; best-of-n's chosen response of each prompt at the largest n).",
+              *commands_of(all_commands), "", *disagree]
     path = out + ".md"
-    kept = ""
-    if os.path.exists(path):  # the hand-written reading of the numbers survives a rerun
-        text = open(path).read()
-        kept = text[text.index(READING_MARK):] if READING_MARK in text else ""
+    text = open(path).read() if os.path.exists(path) else ""
+    kept = text[text.index(READING_MARK):] if READING_MARK in text else ""  # a hand-written reading survives
     page = "\n".join(lines) + "\n" + ("\n" + kept if kept else "")
     with open(path, "w") as f:
         f.write(page)
@@ -729,19 +610,13 @@ def run_report(args: Report) -> str:
     return page
 
 
-Command = Union[Annotated[BestOfN, tyro.conf.subcommand("best-of-n")],
-                Annotated[Ppo, tyro.conf.subcommand("ppo")],
+Command = Union[Annotated[BestOfN, tyro.conf.subcommand("best-of-n")], Annotated[Ppo, tyro.conf.subcommand("ppo")],
                 Annotated[Report, tyro.conf.subcommand("report")]]
 
 
 def main(args) -> None:
     torch.set_num_threads(1)
-    if isinstance(args, BestOfN):
-        run_best_of_n(args)
-    elif isinstance(args, Ppo):
-        run_ppo(args)
-    else:
-        run_report(args)
+    {BestOfN: run_best_of_n, Ppo: run_ppo, Report: run_report}[type(args)](args)
 
 
 if __name__ == "__main__":
