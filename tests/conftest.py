@@ -1008,48 +1008,60 @@ class CartPoleScriptTests:
 # ----------------------------------------------- the gym PPO scripts' shared checks (ppo_cartpole, ppo_walker2d)
 
 
-def check_gradient_norm_is_clipped(module, args, optimizer_steps):
-    """A run with `args` (a max_grad_norm far below the raw gradient norms): every optimizer step's gradient has
-    norm max_grad_norm."""
-    module.main(args)
-    assert len(optimizer_steps) == args.num_iterations * args.update_epochs * args.num_minibatches
-    np.testing.assert_allclose([step.norm for step in optimizer_steps], args.max_grad_norm, rtol=1e-4)
+class GymPPOScriptTests:
+    """The tests ppo_cartpole.py and ppo_walker2d.py pass alike, written once: a test file runs them for its script
+    with `class TestAsEveryGymPPOScript(GymPPOScriptTests)`, setting `script` (the module), `tiny_args` (its wiring
+    runs' Args on a tiny env) and `logprob_atol` (how closely a recomputed log-probability matches)."""
 
+    script, logprob_atol = None, None
 
-def check_clip_vloss_switch(watch, clip_coef, clip_vloss):
-    """For a run watched by spy(module, ["value_loss"]) with this clip_coef (small, so that the critic soon moves
-    past it) and clip_vloss: each value loss is the clipped one with --clip-vloss, else the plain one, by hand;
-    and somewhere the two differ."""
-    differ = 0
-    for call in watch.calls:
-        newvalue, values, returns = call["args"]["newvalue"], call["args"]["values"], call["args"]["returns"]
-        unclipped = (newvalue - returns) ** 2
-        clipped = np.maximum(unclipped, (values + np.clip(newvalue - values, -clip_coef, clip_coef) - returns) ** 2)
-        assert call["result"] == pytest.approx(0.5 * (clipped if clip_vloss else unclipped).mean(), rel=1e-5)
-        differ += not np.isclose(clipped.mean(), unclipped.mean())
-    assert differ > 0
+    @pytest.mark.parametrize("norm_adv", [True, False])
+    def test_update_sees_the_rollout_scored_by_the_policy_that_acted(self, tmp_path, spy, norm_adv):
+        watch = spy(self.script, ["compute_gae", "policy_loss", "value_loss"])
+        args = self.tiny_args(tmp_path, norm_adv=norm_adv)
+        self.script.main(args)
+        check_ppo_update_wiring(watch, args, norm_adv, logprob_atol=self.logprob_atol)
 
+    def test_gradient_norm_is_clipped_to_max_grad_norm(self, tmp_path, optimizer_steps):
+        args = self.tiny_args(tmp_path, max_grad_norm=1e-3)  # far below the raw gradient norms here
+        self.script.main(args)
+        assert len(optimizer_steps) == args.num_iterations * args.update_epochs * args.num_minibatches
+        np.testing.assert_allclose([step.norm for step in optimizer_steps], 1e-3, rtol=1e-4)
 
-def check_target_kl_stops_the_epochs(watch, args):
-    """For a run watched by spy(module, ["compute_gae", "policy_loss"]) with args.target_kl: the epochs of an
-    update go on while the k3 approx_kl of each epoch's last minibatch stays at or below the target, and stop
-    after the first one above it; the target is reached, and somewhere the k1 estimator would have decided
-    otherwise."""
-    epochs_run, differ = [], 0
-    for gae, *pg in watch.updates(first="compute_gae"):
-        assert len(pg) % args.num_minibatches == 0
-        # approx_kl of each epoch's last minibatch, from the log-probabilities that minibatch's loss saw
-        kl, k1 = [], []
-        for call in pg[args.num_minibatches - 1 :: args.num_minibatches]:
-            logratio = call["args"]["newlogprob"] - call["args"]["logprobs"]
-            kl.append(np.mean(np.expm1(logratio) - logratio))
-            k1.append(np.mean(-logratio))
-        assert all(k <= args.target_kl for k in kl[:-1])
-        assert len(kl) == args.update_epochs or kl[-1] > args.target_kl
-        epochs_run.append(len(kl))
-        differ += sum((a > args.target_kl) != (b > args.target_kl) for a, b in zip(kl, k1))
-    assert min(epochs_run) < args.update_epochs  # the target was reached
-    assert differ > 0  # and somewhere old_approx_kl (the k1 estimator) would have decided otherwise
+    @pytest.mark.parametrize("clip_vloss", [True, False])
+    def test_clip_vloss_switches_to_the_clipped_value_loss(self, tmp_path, spy, clip_vloss):
+        watch = spy(self.script, ["value_loss"])
+        clip_coef = 0.01  # small, so that the critic soon moves past it
+        self.script.main(self.tiny_args(tmp_path, clip_vloss=clip_vloss, clip_coef=clip_coef, update_epochs=4))
+        differ = 0
+        for call in watch.calls:
+            newvalue, values, returns = call["args"]["newvalue"], call["args"]["values"], call["args"]["returns"]
+            unclipped = (newvalue - returns) ** 2
+            clipped = np.maximum(unclipped, (values + np.clip(newvalue - values, -clip_coef, clip_coef) - returns) ** 2)
+            assert call["result"] == pytest.approx(0.5 * (clipped if clip_vloss else unclipped).mean(), rel=1e-5)
+            differ += not np.isclose(clipped.mean(), unclipped.mean())
+        assert differ > 0
+
+    def test_target_kl_stops_the_epochs_of_an_update(self, tmp_path, spy):
+        watch = spy(self.script, ["compute_gae", "policy_loss"])
+        args = self.tiny_args(tmp_path, update_epochs=4, target_kl=1e-4)
+        self.script.main(args)
+        epochs_run, differ = [], 0
+        for gae, *pg in watch.updates(first="compute_gae"):
+            assert len(pg) % args.num_minibatches == 0
+            # approx_kl of each epoch's last minibatch, from the log-probabilities that minibatch's loss saw
+            kl, k1 = [], []
+            for call in pg[args.num_minibatches - 1 :: args.num_minibatches]:
+                logratio = call["args"]["newlogprob"] - call["args"]["logprobs"]
+                kl.append(np.mean(np.expm1(logratio) - logratio))
+                k1.append(np.mean(-logratio))
+            # the epochs go on while approx_kl stays at or below the target, and stop after the first one above it
+            assert all(k <= args.target_kl for k in kl[:-1])
+            assert len(kl) == args.update_epochs or kl[-1] > args.target_kl
+            epochs_run.append(len(kl))
+            differ += sum((a > args.target_kl) != (b > args.target_kl) for a, b in zip(kl, k1))
+        assert min(epochs_run) < args.update_epochs  # the target was reached
+        assert differ > 0  # and somewhere old_approx_kl (the k1 estimator) would have decided otherwise
 
 
 def rollout_rows_from(args, env, acted, obs, values, next_values, rewards):

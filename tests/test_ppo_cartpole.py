@@ -3,13 +3,12 @@ import pytest
 import torch
 
 import ppo_cartpole
-from conftest import (PPO_ONLY_TAGS, SHARED_TAGS, CartPoleScriptTests, args_maker, bootstrap_values, cartpole_args,
-                      check_categorical_agent_by_hand, check_clip_vloss_switch,
+from conftest import (PPO_ONLY_TAGS, SHARED_TAGS, CartPoleScriptTests, GymPPOScriptTests, args_maker,
+                      bootstrap_values, cartpole_args, check_categorical_agent_by_hand,
                       check_every_quantity_where_it_belongs, check_gae_against_the_explicit_sum,
-                      check_gradient_norm_is_clipped, check_one_step_gae,
-                      check_ppo_steps_apply_the_clipped_gradient, check_ppo_update_wiring,
-                      check_target_kl_stops_the_epochs, leaning, minibatches_of, peaked, random_rollout,
-                      rollout_rows_from, softmax_policy_by_hand, unusable_checkpoint, value_of, walker_agent_pt)
+                      check_one_step_gae, check_ppo_steps_apply_the_clipped_gradient, leaning, minibatches_of,
+                      peaked, random_rollout, rollout_rows_from, softmax_policy_by_hand, unusable_checkpoint,
+                      value_of, walker_agent_pt)
 
 # ---------------------------------------------------------------------------- math
 
@@ -196,18 +195,6 @@ def test_rollout_reaches_gae_with_the_right_masks_and_bootstraps(tmp_path, spy):
     assert env.terminated.any() and env.truncated.any() and not env.dones[args.num_steps - 1].all()
 
 
-@pytest.mark.parametrize("norm_adv", [True, False])
-def test_update_sees_the_rollout_scored_by_the_policy_that_acted(tmp_path, spy, norm_adv):
-    watch = spy(ppo_cartpole, ["compute_gae", "policy_loss", "value_loss"])
-    args = tiny_args(tmp_path, norm_adv=norm_adv)
-    ppo_cartpole.main(args)
-    check_ppo_update_wiring(watch, args, norm_adv, logprob_atol=1e-6)
-
-
-def test_gradient_norm_is_clipped_to_max_grad_norm(tmp_path, optimizer_steps):
-    check_gradient_norm_is_clipped(ppo_cartpole, tiny_args(tmp_path, max_grad_norm=1e-3), optimizer_steps)
-
-
 def test_entropy_bonus_raises_the_entropy(tmp_path, spy, monkeypatch):
     monkeypatch.setattr(ppo_cartpole, "Agent", peaked(ppo_cartpole.Agent))
     watch = spy(ppo_cartpole)
@@ -218,20 +205,6 @@ def test_entropy_bonus_raises_the_entropy(tmp_path, spy, monkeypatch):
         entropy = [softmax_policy_by_hand(agent, obs, np.zeros(len(obs)))[1].mean().item()
                    for agent in (watch.initial_agent, watch.agent)]
     assert entropy[1] > entropy[0] + 0.1
-
-
-@pytest.mark.parametrize("clip_vloss", [True, False])
-def test_clip_vloss_switches_to_the_clipped_value_loss(tmp_path, spy, clip_vloss):
-    watch = spy(ppo_cartpole, ["value_loss"])
-    ppo_cartpole.main(tiny_args(tmp_path, clip_vloss=clip_vloss, clip_coef=0.01, update_epochs=4))
-    check_clip_vloss_switch(watch, 0.01, clip_vloss)
-
-
-def test_target_kl_stops_the_epochs_of_an_update(tmp_path, spy):
-    watch = spy(ppo_cartpole, ["compute_gae", "policy_loss"])
-    args = tiny_args(tmp_path, update_epochs=4, target_kl=1e-4)
-    ppo_cartpole.main(args)
-    check_target_kl_stops_the_epochs(watch, args)
 
 
 def test_learning_rate_is_constant_without_anneal_lr(tmp_path, read_events):
@@ -355,3 +328,12 @@ class TestAsEveryCartPoleScript(CartPoleScriptTests):
         path = unusable_checkpoint(kind, saved, walker_agent_pt(tmp_path / "walker"), tmp_path / "bad.pt")
         fails_fast(ppo_cartpole, small_args, dict(eval_checkpoint=str(path)),
                    "--eval-checkpoint .* pass an agent.pt saved by ppo_cartpole.py --save-model")
+
+
+# --------------------------------------------------------- what both gym PPO scripts must pass (conftest.py)
+
+
+class TestAsEveryGymPPOScript(GymPPOScriptTests):
+    """Each update scored by the policy that acted, gradient clipping, --clip-vloss and --target-kl."""
+
+    script, tiny_args, logprob_atol = ppo_cartpole, staticmethod(tiny_args), 1e-6

@@ -14,9 +14,11 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import ppo_walker2d as P
-from conftest import (cartpole_agent_pt, check_every_quantity_where_it_belongs, check_logged_episodes,
-                      check_ppo_update_wiring, check_same_step_autoreset, mlp_by_hand, played_by_hand, tanh_mlp,
-                      standardized, unusable_checkpoint, value_of, which_rows)
+from conftest import (PPO_ONLY_TAGS, SHARED_TAGS, GymPPOScriptTests, bootstrap_values, cartpole_agent_pt,
+                      check_every_quantity_where_it_belongs, check_gae_against_the_explicit_sum,
+                      check_logged_episodes, check_orthogonal_mlp, check_ppo_steps_apply_the_clipped_gradient,
+                      check_same_step_autoreset, minibatches_of, mlp_by_hand, played_by_hand, random_rollout,
+                      rollout_rows_from, tanh_mlp, unusable_checkpoint, value_of)
 
 torch.set_num_threads(1)
 
@@ -173,33 +175,15 @@ def test_gae_bootstraps_truncation_but_not_termination():
 @pytest.mark.parametrize("seed", range(3))
 def test_gae_matches_explicit_sum_of_td_residuals(seed):
     # episodes ending at every position, by termination and by truncation, lambda < 1
-    rng = np.random.default_rng(seed)
-    T, N = 19, 5
-    rewards, values, next_values = rng.normal(size=(3, T, N))
-    terminations = rng.random((T, N)) < 0.15
-    dones = terminations | (rng.random((T, N)) < 0.15)
-    assert terminations.any() and (dones & ~terminations).any()
-    advantages, returns = P.compute_gae(rewards, values, next_values, terminations.astype(float),
-                                        dones.astype(float), 0.97, 0.9)
-    expected = gae_reference(rewards.tolist(), values.tolist(), next_values.tolist(), terminations.tolist(),
-                             dones.tolist(), 0.97, 0.9)
-    np.testing.assert_allclose(advantages, expected, rtol=1e-10, atol=1e-10)
-    np.testing.assert_allclose(returns, expected + values, rtol=1e-10, atol=1e-10)
+    rollout = random_rollout(seed, T=19, N=5, p=0.15)
+    check_gae_against_the_explicit_sum(P.compute_gae, lambda a: np.asarray(a, dtype=float), rollout, 0.97, 0.9)
 
 
 def test_networks_start_orthogonal_with_the_gains_of_detail_2():
     torch.manual_seed(0)
     agent = P.Agent(5, 3, init_log_std=-0.7)
-    for net, out_dim, out_gain in ((agent.critic, 1, 1.0), (agent.actor_mean, 3, 0.01)):
-        layers = [layer for layer in net if isinstance(layer, torch.nn.Linear)]
-        shapes = [(layer.in_features, layer.out_features) for layer in layers]
-        assert shapes == [(5, 64), (64, 64), (64, out_dim)]
-        for layer, gain in zip(layers, (2**0.5, 2**0.5, out_gain)):
-            w = layer.weight.detach().double()
-            small = w.T @ w if w.shape[0] >= w.shape[1] else w @ w.T  # orthonormal columns or rows, x gain
-            eye = torch.eye(min(w.shape), dtype=torch.float64)
-            torch.testing.assert_close(small, gain**2 * eye, rtol=0, atol=gain**2 * 1e-5)
-            assert not layer.bias.any()
+    check_orthogonal_mlp(agent.critic, 5, 1, 1.0)
+    check_orthogonal_mlp(agent.actor_mean, 5, 3, 0.01)
     # detail 15: one log-std per action dimension, the same for every state
     assert agent.actor_logstd.shape == (1, 3) and torch.all(agent.actor_logstd == -0.7)
 
@@ -394,29 +378,13 @@ def test_rollout_reaches_gae_with_the_right_masks_and_bootstraps(tmp_path, spy):
         np.testing.assert_allclose(got["values"], value_of(critic, obs[steps]), rtol=1e-5, atol=1e-5)
         # the value of the state each step reached: the next observation inside an episode and at the end of the
         # rollout, the final observation at a truncation; after a termination it is zeroed, so it may be anything
-        expected = value_of(critic, obs[steps.start + 1 : steps.stop + 1])
-        expected[env.truncated] = value_of(critic, final_obs[steps][env.truncated])
+        expected = bootstrap_values(critic, env, obs[steps.start + 1 : steps.stop + 1], final_obs[steps])
         np.testing.assert_allclose(got["next_values"][~env.terminated], expected[~env.terminated], rtol=1e-5, atol=1e-5)
     env = watch.rollout(0, args.num_iterations * args.num_steps)  # the rollouts hold every case checked above
     assert env.terminated.any() and env.truncated.any() and not env.dones[args.num_steps - 1].all()
     # both clip bounds were reached, and not everywhere
     assert 0 < np.mean(np.abs(obs) == args.obs_clip) < 0.5
     assert 0 < np.mean(np.abs(rewards) == args.reward_clip) < 0.5
-
-
-@pytest.mark.parametrize("norm_adv", [True, False])
-def test_update_sees_the_rollout_scored_by_the_policy_that_acted(tmp_path, spy, norm_adv):
-    watch = spy(P, ["compute_gae", "policy_loss", "value_loss"])
-    args = tiny_args(tmp_path, norm_adv=norm_adv)
-    P.main(args)
-    check_ppo_update_wiring(watch, args, norm_adv, logprob_atol=1e-5)
-
-
-def test_gradient_norm_is_clipped_to_max_grad_norm(tmp_path, optimizer_steps):
-    args = tiny_args(tmp_path, max_grad_norm=1e-3)  # far below the raw gradient norms here
-    P.main(args)
-    assert len(optimizer_steps) == args.num_iterations * args.update_epochs * args.num_minibatches
-    np.testing.assert_allclose([step.norm for step in optimizer_steps], 1e-3, rtol=1e-4)
 
 
 def test_entropy_bonus_raises_the_entropy(tmp_path, spy):
@@ -430,61 +398,7 @@ def test_entropy_bonus_raises_the_entropy(tmp_path, spy):
     assert entropy[1] > entropy[0] + 0.01
 
 
-@pytest.mark.parametrize("clip_vloss", [True, False])
-def test_clip_vloss_switches_to_the_clipped_value_loss(tmp_path, spy, clip_vloss):
-    watch = spy(P, ["value_loss"])
-    clip_coef = 0.01  # small, so that the critic soon moves past it
-    P.main(tiny_args(tmp_path, clip_vloss=clip_vloss, clip_coef=clip_coef, update_epochs=4))
-    differ = 0
-    for call in watch.calls:
-        newvalue, values, returns = call["args"]["newvalue"], call["args"]["values"], call["args"]["returns"]
-        unclipped = (newvalue - returns) ** 2
-        clipped = np.maximum(unclipped, (values + np.clip(newvalue - values, -clip_coef, clip_coef) - returns) ** 2)
-        assert call["result"] == pytest.approx(0.5 * (clipped if clip_vloss else unclipped).mean(), rel=1e-5)
-        differ += not np.isclose(clipped.mean(), unclipped.mean())
-    assert differ > 0
-
-
-def test_target_kl_stops_the_epochs_of_an_update(tmp_path, spy):
-    watch = spy(P, ["compute_gae", "policy_loss"])
-    args = tiny_args(tmp_path, update_epochs=4, target_kl=1e-4)
-    P.main(args)
-    epochs_run, differ = [], 0
-    for gae, *pg in watch.updates(first="compute_gae"):
-        assert len(pg) % args.num_minibatches == 0
-        # approx_kl of each epoch's last minibatch, from the log-probabilities that minibatch's loss saw
-        kl, k1 = [], []
-        for call in pg[args.num_minibatches - 1 :: args.num_minibatches]:
-            logratio = call["args"]["newlogprob"] - call["args"]["logprobs"]
-            kl.append(np.mean(np.expm1(logratio) - logratio))
-            k1.append(np.mean(-logratio))
-        # the epochs go on while approx_kl stays at or below the target, and stop after the first one above it
-        assert all(k <= args.target_kl for k in kl[:-1])
-        assert len(kl) == args.update_epochs or kl[-1] > args.target_kl
-        epochs_run.append(len(kl))
-        differ += sum((a > args.target_kl) != (b > args.target_kl) for a, b in zip(kl, k1))
-    assert min(epochs_run) < args.update_epochs  # the target was reached
-    assert differ > 0  # and somewhere old_approx_kl (the k1 estimator) would have decided otherwise
-
-
 # ------------------------------------------------------------------ main()'s glue, worked out independently
-
-
-def gae_reference(rewards, values, next_values, terminations, dones, gamma, lam):
-    """A_t as the explicit sum  sum_k (gamma * lam)^k * delta_{t+k}, stopping at the end of t's episode."""
-    T, N = len(rewards), len(rewards[0])
-    advantages = [[0.0] * N for _ in range(T)]
-    for env in range(N):
-        for t in range(T):
-            total = 0.0
-            for k in range(T - t):
-                s = t + k
-                bootstrap = 0.0 if terminations[s][env] else gamma * next_values[s][env]
-                total += (gamma * lam) ** k * (rewards[s][env] + bootstrap - values[s][env])
-                if dones[s][env]:
-                    break
-            advantages[t][env] = total
-    return np.array(advantages)
 
 
 def by_hand_policy(agent, obs, actions):
@@ -508,30 +422,15 @@ def rollout_rows(watch, args, iteration, critic, seen):
     steps = slice(iteration * T, (iteration + 1) * T)
     env, acted = watch.rollout(steps.start, T), watch.acted[steps]
     np.testing.assert_allclose(np.stack([x for x, _, _ in acted]), obs[steps], atol=1e-5)
-    values = value_of(critic, obs[steps])
-    next_values = value_of(critic, obs[steps.start + 1 : steps.stop + 1])
-    next_values[env.truncated] = value_of(critic, final_obs[steps][env.truncated])
-    advantages = gae_reference(rewards[steps].tolist(), values.tolist(), next_values.tolist(),
-                               env.terminated.tolist(), env.dones.tolist(), args.gamma, args.gae_lambda)
-    flat = lambda x: x.reshape(T * args.num_envs, *x.shape[2:])
-    return dict(obs=flat(obs[steps]), actions=flat(np.stack([a for _, a, _ in acted])),
-                logprobs=flat(np.stack([lp for _, _, lp in acted])), values=flat(values),
-                advantages=flat(advantages), returns=flat(advantages + values))
+    next_values = bootstrap_values(critic, env, obs[steps.start + 1 : steps.stop + 1], final_obs[steps])
+    return rollout_rows_from(args, env, acted, obs[steps], value_of(critic, obs[steps]), next_values, rewards[steps])
 
 
 def watched_minibatches(watch, args):
-    """For each update of a run watched by spy(P, ["compute_gae", "policy_loss", "value_loss"]): the rollout's
-    rows, and per minibatch its rows, its policy_loss and value_loss calls and the agent they saw."""
-    seen, updates = as_the_agent_sees_it(watch, args), []
-    for iteration, (gae, *calls) in enumerate(watch.updates(first="compute_gae")):
-        rows = rollout_rows(watch, args, iteration, gae["agent"], seen)
-        pg = [c for c in calls if c["name"] == "policy_loss"]
-        vf = [c for c in calls if c["name"] == "value_loss"]
-        assert len(pg) == len(vf)
-        found = [which_rows(rows, p["args"]["logprobs"], v["args"]["values"], v["args"]["returns"])
-                 for p, v in zip(pg, vf)]
-        updates.append((rows, [dict(pg=p, vf=v, agent=p["agent"], rows=f) for p, v, f in zip(pg, vf, found)]))
-    return updates
+    """minibatches_of a run watched by spy(P, ["compute_gae", "policy_loss", "value_loss"]), its rows as the agent
+    saw them."""
+    seen = as_the_agent_sees_it(watch, args)
+    return minibatches_of(watch, lambda iteration, critic: rollout_rows(watch, args, iteration, critic, seen))
 
 
 def test_main_passes_each_quantity_where_it_belongs(tmp_path, spy, read_events):
@@ -551,47 +450,15 @@ def test_main_passes_each_quantity_where_it_belongs(tmp_path, spy, read_events):
 
 def test_each_step_applies_the_clipped_gradient_of_the_loss_to_every_parameter(tmp_path, spy,
                                                                               optimizer_steps):
-    """Details 10 and 11 on every optimizer step of a run (2 updates x 2 epochs x 2 minibatches, an entropy
-    bonus on): the gradient applied is that of pg_loss - ent_coef * entropy + vf_coef * v_loss on the
-    minibatch, worked out in the test from the agent as the step found it, scaled to norm max_grad_norm;
-    every parameter, the log-std included, gets a nonzero one; the policy loss reaches the actor's mean and
-    log-std, the entropy the log-std only, the value loss the critic only."""
+    """check_ppo_steps_apply_the_clipped_gradient on a run of 2 updates x 2 epochs x 2 minibatches with an
+    entropy bonus, where every parameter includes the log-std; the policy loss reaches the actor's mean and
+    log-std, the entropy the log-std only, the value loss the critic only (details 13, 15, 17)."""
     watch = spy(P, ["compute_gae", "policy_loss", "value_loss"])
     args = tiny_args(tmp_path, ent_coef=0.1, clip_coef=0.1, learning_rate=1e-2)
     P.main(args)
     minibatches = [(rows, mb) for rows, update in watched_minibatches(watch, args) for mb in update]
-    assert len(optimizer_steps) == len(minibatches) == args.num_iterations * args.update_epochs * 2
-    for step, (rows, mb) in zip(optimizer_steps, minibatches):
-        agent, r = copy.deepcopy(mb["agent"]), mb["rows"]
-        newlogprob, entropy = by_hand_policy(agent, rows["obs"][r], rows["actions"][r])
-        ratio = (newlogprob.double() - torch.as_tensor(rows["logprobs"][r])).exp()
-        advantages = torch.as_tensor(standardized(rows["advantages"][r]))
-        clipped_ratio = ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)
-        pg_loss = torch.max(-advantages * ratio, -advantages * clipped_ratio).mean()
-        newvalue = agent.critic(torch.as_tensor(rows["obs"][r], dtype=torch.float32)).squeeze(-1)
-        v_loss = 0.5 * ((newvalue.double() - torch.as_tensor(rows["returns"][r])) ** 2).mean()
-        loss = pg_loss - args.ent_coef * entropy.double().mean() + args.vf_coef * v_loss
-        grads = torch.autograd.grad(loss, list(agent.parameters()))
-        norm = torch.sqrt(sum((g.double() ** 2).sum() for g in grads)).item()
-        assert norm > args.max_grad_norm  # so that the clipping shows
-        for applied, grad in zip(step.grads, grads):
-            expected = grad * args.max_grad_norm / (norm + 1e-6)
-            torch.testing.assert_close(applied, expected, rtol=1e-3, atol=1e-6)
-            assert applied.abs().max() > 0  # every parameter learns
-    # which loss reaches which parameters (details 13, 15, 17), through the script's own forward pass
-    rows, first = minibatches[0]
-    agent, r, pg = copy.deepcopy(first["agent"]), first["rows"], first["pg"]["args"]
-    obs, actions = torch.as_tensor(rows["obs"][r], dtype=torch.float32), torch.as_tensor(rows["actions"][r])
-    _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, actions.float())
-    pg_loss, _, _ = P.policy_loss(newlogprob, torch.as_tensor(pg["logprobs"]).float(),
-                                  torch.as_tensor(pg["advantages"]).float(), args.clip_coef)
-    returns = torch.as_tensor(rows["returns"][r]).float()
-    v_loss = P.value_loss(newvalue, newvalue.detach(), returns, args.clip_coef, False)
-    names, params = zip(*agent.named_parameters())
-    for loss, reaches in ((pg_loss, ("actor_mean.", "actor_logstd")), (entropy.mean(), ("actor_logstd",)),
-                          (v_loss, ("critic.",))):
-        for name, grad in zip(names, torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)):
-            assert (grad is not None and grad.abs().max() > 0) == name.startswith(reaches), (name, reaches)
+    check_ppo_steps_apply_the_clipped_gradient(P, args, optimizer_steps, minibatches, by_hand_policy, torch.float32,
+                                               (("actor_mean.", "actor_logstd"), ("actor_logstd",), ("critic.",)))
 
 
 def read_scalars(run_dir):
@@ -605,9 +472,7 @@ def test_short_run_logs_the_tags_and_its_checkpoint_evaluates_the_same(tmp_path)
                   eval_episodes=2, save_model=True, runs_dir=str(tmp_path), cuda=False)
     result = P.main(args)
     scalars = read_scalars(result["run_dir"])
-    for tag in ("charts/episodic_return", "charts/episodic_length", "charts/learning_rate", "charts/SPS",
-                "losses/value_loss", "losses/policy_loss", "losses/entropy", "losses/old_approx_kl",
-                "losses/approx_kl", "losses/clipfrac", "losses/explained_variance", "eval/episodic_return"):
+    for tag in SHARED_TAGS + PPO_ONLY_TAGS:
         assert tag in scalars, tag
     assert len(scalars["losses/value_loss"]) == 4  # 4096 steps / (4 envs x 256 steps)
     # detail 4: the first iteration runs at the full rate, the last at a quarter of it (1 - 3/4)
@@ -839,3 +704,12 @@ def test_a_saved_agent_is_evaluated_with_the_env_statistics_and_clip_saved_with_
     assert (args.env_id, args.obs_clip) == ("Walker2d-v5", 10.0)
     assert P.main(args)["eval_returns"] == expected
     np.testing.assert_allclose(np.stack(inputs["evaluated"]), np.stack(inputs["by hand"]), rtol=0, atol=1e-6)
+
+
+# --------------------------------------------------------- what both gym PPO scripts must pass (conftest.py)
+
+
+class TestAsEveryGymPPOScript(GymPPOScriptTests):
+    """Each update scored by the policy that acted, gradient clipping, --clip-vloss and --target-kl."""
+
+    script, tiny_args, logprob_atol = P, staticmethod(tiny_args), 1e-5
