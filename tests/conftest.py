@@ -789,6 +789,30 @@ def cartpole_args(module):
     return args_maker(module, total_timesteps=3000, eval_episodes=2, save_model=True, cuda=False)
 
 
+def short_run_fixture(module):
+    """A discrete script's module-scoped `short_run` fixture (`short_run = short_run_fixture(a2c)` in its test
+    file): one saved cartpole_args run, for the tests that read one."""
+
+    @pytest.fixture(scope="module")
+    def short_run(tmp_path_factory):
+        return module.main(cartpole_args(module)(tmp_path_factory.mktemp("runs")))
+
+    return short_run
+
+
+def check_the_budget_is_said(module, capsys, whole, partial, batch, runs):
+    """module.check_args(whole) says nothing (its --total-timesteps is whole batches); a run of `partial`, whose
+    --total-timesteps is not a multiple of the batch size `batch`, says first that it trains `runs` batches, and
+    last that it did."""
+    module.check_args(whole)
+    assert capsys.readouterr().out == ""
+    module.main(partial)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == (f"--total-timesteps {partial.total_timesteps} is not a multiple of the batch size {batch} "
+                      f"(--num-envs x --num-steps): training runs {runs} x {batch} = {runs * batch} steps")
+    assert out[-1].startswith(f"{runs * batch} steps in ")  # the run does what it said
+
+
 def check_orthogonal(layer, gain):
     """Detail 2 for one layer: its weight (flattened past the first axis) has orthonormal columns or rows times
     `gain`, and its bias is 0."""

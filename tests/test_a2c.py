@@ -9,8 +9,9 @@ import a2c
 from conftest import (GREEDY_EPISODES, PPO_ONLY_TAGS, SHARED_TAGS, CartPoleScriptTests, args_maker,
                       bootstrap_values, cartpole_args, check_entropy_bonus_gradient,
                       check_evaluate_plays_the_greedy_action, check_gae_against_the_explicit_sum,
-                      check_losses_reach_their_networks, check_one_step_gae, gae_reference, leaning, peaked,
-                      random_rollout, softmax_policy_by_hand, standardized, value_of)
+                      check_losses_reach_their_networks, check_one_step_gae, check_the_budget_is_said,
+                      gae_reference, leaning, peaked, random_rollout, short_run_fixture, softmax_policy_by_hand,
+                      standardized, value_of)
 
 
 # ---------------------------------------------------------------------------- math
@@ -128,12 +129,7 @@ def test_gae_of_a_one_step_rollout_is_the_td_residual():
 # ---------------------------------------------------------------------------- runs
 
 
-small_args = cartpole_args(a2c)
-
-
-@pytest.fixture(scope="module")
-def short_run(tmp_path_factory):
-    return a2c.main(small_args(tmp_path_factory.mktemp("runs")))
+small_args, short_run = cartpole_args(a2c), short_run_fixture(a2c)
 
 
 def test_short_run_logs_every_tag(short_run, cartpole_run_logs):
@@ -372,16 +368,11 @@ def test_bad_input_fails_fast_naming_the_flag(fails_fast, kw, flag):
 
 
 def test_a_budget_that_is_not_whole_batches_says_how_many_steps_run(short_run, tmp_path, capsys):
-    a2c.check_args(small_args(tmp_path, total_timesteps=512))
-    assert capsys.readouterr().out == ""  # 2 whole batches of 32 x 8: nothing to say
     a2c.main(small_args(tmp_path, eval_checkpoint=os.path.join(short_run["run_dir"], "agent.pt"), eval_episodes=1))
     assert "--total-timesteps" not in capsys.readouterr().out  # evaluating a checkpoint trains nothing
-    a2c.main(small_args(tmp_path, total_timesteps=600, eval_episodes=0, save_model=False))
-    out = capsys.readouterr().out.splitlines()
-    # a2c.py rounds up, so that a run takes at least --total-timesteps steps
-    assert out[0] == ("--total-timesteps 600 is not a multiple of the batch size 256 (--num-envs x --num-steps): "
-                      "training runs 3 x 256 = 768 steps")
-    assert out[-1].startswith("768 steps in ")  # the run does what it said
+    # 512: 2 whole batches of 32 x 8; a2c.py rounds 600 up, so that a run takes at least --total-timesteps steps
+    check_the_budget_is_said(a2c, capsys, small_args(tmp_path, total_timesteps=512),
+                             small_args(tmp_path, total_timesteps=600, eval_episodes=0, save_model=False), 256, 3)
 
 
 # ------------------------------------------------------ what every discrete gym script must pass (conftest.py)

@@ -6,9 +6,9 @@ import ppo_cartpole
 from conftest import (PPO_ONLY_TAGS, SHARED_TAGS, CartPoleScriptTests, GymPPOScriptTests, args_maker,
                       bootstrap_values, cartpole_args, check_categorical_agent_by_hand,
                       check_every_quantity_where_it_belongs, check_gae_against_the_explicit_sum,
-                      check_one_step_gae, check_ppo_steps_apply_the_clipped_gradient, leaning, minibatches_of,
-                      peaked, random_rollout, rollout_rows_from, softmax_policy_by_hand, unusable_checkpoint,
-                      value_of, walker_agent_pt)
+                      check_one_step_gae, check_ppo_steps_apply_the_clipped_gradient, check_the_budget_is_said,
+                      leaning, minibatches_of, peaked, random_rollout, rollout_rows_from, short_run_fixture,
+                      softmax_policy_by_hand, unusable_checkpoint, value_of, walker_agent_pt)
 
 # ---------------------------------------------------------------------------- math
 
@@ -142,12 +142,7 @@ def test_value_loss_clipping_on_both_sides_by_hand():
 # ---------------------------------------------------------------------------- runs
 
 
-small_args = cartpole_args(ppo_cartpole)
-
-
-@pytest.fixture(scope="module")
-def short_run(tmp_path_factory):
-    return ppo_cartpole.main(small_args(tmp_path_factory.mktemp("runs")))
+small_args, short_run = cartpole_args(ppo_cartpole), short_run_fixture(ppo_cartpole)
 
 
 def test_short_run_logs_every_tag(short_run, cartpole_run_logs):
@@ -295,13 +290,9 @@ def test_bad_input_fails_fast_naming_the_flag(fails_fast, kw, flag):
 
 
 def test_a_budget_that_is_not_whole_batches_says_how_many_steps_run(tmp_path, capsys):
-    ppo_cartpole.check_args(small_args(tmp_path, total_timesteps=512))
-    assert capsys.readouterr().out == ""  # 2 whole batches of 8 x 32: nothing to say
-    ppo_cartpole.main(small_args(tmp_path, total_timesteps=600, eval_episodes=0, save_model=False))
-    out = capsys.readouterr().out.splitlines()
-    assert out[0] == ("--total-timesteps 600 is not a multiple of the batch size 256 (--num-envs x --num-steps): "
-                      "training runs 2 x 256 = 512 steps")
-    assert out[-1].startswith("512 steps in ")  # the run does what it said
+    # 512: 2 whole batches of 8 x 32; 600 is rounded down
+    check_the_budget_is_said(ppo_cartpole, capsys, small_args(tmp_path, total_timesteps=512),
+                             small_args(tmp_path, total_timesteps=600, eval_episodes=0, save_model=False), 256, 2)
 
 
 # ------------------------------------------------------ what every discrete gym script must pass (conftest.py)

@@ -17,8 +17,8 @@ import ppo_walker2d as P
 from conftest import (PPO_ONLY_TAGS, SHARED_TAGS, GymPPOScriptTests, bootstrap_values, cartpole_agent_pt,
                       check_every_quantity_where_it_belongs, check_gae_against_the_explicit_sum,
                       check_logged_episodes, check_orthogonal_mlp, check_ppo_steps_apply_the_clipped_gradient,
-                      check_same_step_autoreset, minibatches_of, mlp_by_hand, played_by_hand, random_rollout,
-                      rollout_rows_from, tanh_mlp, unusable_checkpoint, value_of)
+                      check_same_step_autoreset, check_the_budget_is_said, minibatches_of, mlp_by_hand,
+                      played_by_hand, random_rollout, rollout_rows_from, tanh_mlp, unusable_checkpoint, value_of)
 
 torch.set_num_threads(1)
 
@@ -632,14 +632,10 @@ def test_bad_input_fails_fast_naming_the_flag(fails_fast, kw, flag):
 
 
 def test_a_budget_that_is_not_whole_batches_says_how_many_steps_run(tmp_path, capsys):
-    P.check_args(small_args(tmp_path))
-    assert capsys.readouterr().out == ""  # 1 whole batch of 8 x 256: nothing to say
-    P.main(small_args(tmp_path, total_timesteps=150, num_envs=2, num_steps=32, num_minibatches=2, update_epochs=1,
-                      eval_episodes=0))
-    out = capsys.readouterr().out.splitlines()
-    assert out[0] == ("--total-timesteps 150 is not a multiple of the batch size 64 (--num-envs x --num-steps): "
-                      "training runs 2 x 64 = 128 steps")
-    assert out[-1].startswith("128 steps in ")  # the run does what it said
+    # 1 whole batch of 8 x 256; 150 steps in batches of 2 x 32 are rounded down
+    partial = small_args(tmp_path, total_timesteps=150, num_envs=2, num_steps=32, num_minibatches=2, update_epochs=1,
+                         eval_episodes=0)
+    check_the_budget_is_said(P, capsys, small_args(tmp_path), partial, 64, 2)
 
 
 @pytest.mark.parametrize("kind", ["truncated", "corrupt", "foreign", "another network"])

@@ -8,8 +8,8 @@ import torch
 import reinforce
 from conftest import (GREEDY_EPISODES, PPO_ONLY_TAGS, SHARED_TAGS, CartPoleScriptTests, args_maker, cartpole_args,
                       check_entropy_bonus_gradient, check_evaluate_plays_the_greedy_action,
-                      check_losses_reach_their_networks, leaning, peaked, softmax_policy_by_hand, standardized,
-                      value_of)
+                      check_losses_reach_their_networks, leaning, peaked, short_run_fixture,
+                      softmax_policy_by_hand, standardized, value_of)
 
 CRITIC_TAGS = ["losses/value_loss", "losses/explained_variance"]
 
@@ -112,12 +112,7 @@ def test_evaluate_plays_the_greedy_action_to_the_end_of_each_episode(action, epi
 # ---------------------------------------------------------------------------- runs
 
 
-small_args = cartpole_args(reinforce)
-
-
-@pytest.fixture(scope="module")
-def short_run(tmp_path_factory):
-    return reinforce.main(small_args(tmp_path_factory.mktemp("runs")))
+small_args, short_run = cartpole_args(reinforce), short_run_fixture(reinforce)
 
 
 def test_short_run_logs_every_tag(short_run, cartpole_run_logs):
