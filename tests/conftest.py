@@ -171,6 +171,13 @@ def fails_fast(tmp_path):
     return check
 
 
+def each_bad_value(**values):
+    """Cases (kw, flag) of a test_bad_input_fails_fast_naming_the_flag: each value of each field alone (a tuple
+    holds several), to be refused naming the field's flag (gae_lambda: --gae-lambda)."""
+    return [({field: value}, "--" + field.replace("_", "-"))
+            for field, given in values.items() for value in (given if isinstance(given, tuple) else (given,))]
+
+
 def unusable_checkpoint(kind, saved, foreign, path):
     """Write to `path` a file that `--eval-checkpoint` must refuse, and return `path`: the script's own agent.pt
     `saved` cut short ("truncated"), bytes that are no checkpoint ("corrupt"), another script's agent.pt

@@ -10,8 +10,8 @@ from conftest import (GREEDY_EPISODES, PPO_ONLY_TAGS, SHARED_TAGS, CartPoleScrip
                       bootstrap_values, cartpole_args, check_entropy_bonus_gradient,
                       check_evaluate_plays_the_greedy_action, check_gae_against_the_explicit_sum,
                       check_losses_reach_their_networks, check_one_step_gae, check_the_budget_is_said,
-                      gae_reference, leaning, peaked, random_rollout, short_run_fixture, softmax_policy_by_hand,
-                      standardized, value_of)
+                      each_bad_value, gae_reference, leaning, peaked, random_rollout, short_run_fixture,
+                      softmax_policy_by_hand, standardized, value_of)
 
 
 # ---------------------------------------------------------------------------- math
@@ -341,28 +341,16 @@ def test_each_update_applies_the_clipped_gradient_of_the_loss_to_every_parameter
 # ---------------------------------------------------------------------------- bad input
 
 
-@pytest.mark.parametrize(
-    "kw, flag",
-    [
-        (dict(num_steps=0), "--num-steps"),
-        (dict(num_envs=-1), "--num-envs"),
-        (dict(gamma=1.5), "--gamma"),
-        (dict(gamma=0.0), "--gamma"),
-        (dict(gae_lambda=-0.1), "--gae-lambda"),
-        (dict(gae_lambda=0.0, gae=True), "--gae-lambda"),
-        (dict(gae_lambda=1.5, gae=True), "--gae-lambda"),
-        (dict(learning_rate=0.0), "--learning-rate"),
-        (dict(learning_rate=-1e-3), "--learning-rate"),
-        (dict(max_grad_norm=0.0), "--max-grad-norm"),  # would zero every gradient
-        (dict(max_grad_norm=-1.0), "--max-grad-norm"),  # would flip every gradient
-        (dict(env_id="Pendulum-v1"), "--env-id"),
-        (dict(env_id="NoSuchEnv-v0"), "--env-id"),
-        (dict(env_id="FrozenLake-v1"), "--env-id"),  # Discrete observations: the MLP needs a flat Box
-        (dict(total_timesteps=0), "--total-timesteps"),
-        (dict(eval_episodes=-1), "--eval-episodes"),
-        (dict(eval_checkpoint="/no/such/agent.pt"), "--eval-checkpoint"),
-    ],
-)
+@pytest.mark.parametrize("kw, flag", [
+    *each_bad_value(num_steps=0, num_envs=-1, gamma=(1.5, 0.0), gae_lambda=-0.1),
+    (dict(gae_lambda=0.0, gae=True), "--gae-lambda"),
+    (dict(gae_lambda=1.5, gae=True), "--gae-lambda"),
+    # a max_grad_norm of 0 would zero every gradient, a negative one flip it; FrozenLake-v1's observations are
+    # Discrete, where the MLP needs a flat Box
+    *each_bad_value(learning_rate=(0.0, -1e-3), max_grad_norm=(0.0, -1.0),
+                    env_id=("Pendulum-v1", "NoSuchEnv-v0", "FrozenLake-v1"), total_timesteps=0, eval_episodes=-1,
+                    eval_checkpoint="/no/such/agent.pt"),
+])
 def test_bad_input_fails_fast_naming_the_flag(fails_fast, kw, flag):
     fails_fast(a2c, small_args, kw, flag)
 

@@ -11,7 +11,7 @@ import torch
 
 import ppo_atari
 import ppo_cartpole
-from conftest import cartpole_agent_pt, check_one_step_gae, unusable_checkpoint
+from conftest import cartpole_agent_pt, check_one_step_gae, each_bad_value, unusable_checkpoint
 
 BREAKOUT, ASTERIX = "ALE/Breakout-v5", "ALE/Asterix-v5"  # Asterix: no FIRE action, rewards of 50 and more
 
@@ -444,15 +444,8 @@ def a_checkpoint(resumed):
 @pytest.mark.parametrize(
     "kw, flag",
     [
-        (dict(env_id="CartPole-v1"), "--env-id"),
-        (dict(env_id="NoSuchEnv-v0"), "--env-id"),
-        (dict(env_id="ALE/NoSuchGame-v5"), "--env-id"),
-        (dict(num_envs=0), "--num-envs"),
-        (dict(num_minibatches=3), "--num-minibatches"),
-        (dict(total_timesteps=10), "--total-timesteps"),
-        (dict(gamma=1.5), "--gamma"),
-        (dict(clip_coef=0.0), "--clip-coef"),
-        (dict(checkpoint_every=-1), "--checkpoint-every"),
+        *each_bad_value(env_id=("CartPole-v1", "NoSuchEnv-v0", "ALE/NoSuchGame-v5"), num_envs=0, num_minibatches=3,
+                        total_timesteps=10, gamma=1.5, clip_coef=0.0, checkpoint_every=-1),
         (dict(eval_checkpoint="/no/such/agent.pt", eval_episodes=1), "--eval-checkpoint /no/such/agent.pt is not"),
         (dict(resume="/no/such/checkpoint.pt"), "--resume"),
     ],

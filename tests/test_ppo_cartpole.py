@@ -7,8 +7,8 @@ from conftest import (PPO_ONLY_TAGS, SHARED_TAGS, CartPoleScriptTests, GymPPOScr
                       bootstrap_values, cartpole_args, check_categorical_agent_by_hand,
                       check_every_quantity_where_it_belongs, check_gae_against_the_explicit_sum,
                       check_one_step_gae, check_ppo_steps_apply_the_clipped_gradient, check_the_budget_is_said,
-                      leaning, minibatches_of, peaked, random_rollout, rollout_rows_from, short_run_fixture,
-                      softmax_policy_by_hand, unusable_checkpoint, value_of, walker_agent_pt)
+                      each_bad_value, leaning, minibatches_of, peaked, random_rollout, rollout_rows_from,
+                      short_run_fixture, softmax_policy_by_hand, unusable_checkpoint, value_of, walker_agent_pt)
 
 # ---------------------------------------------------------------------------- math
 
@@ -261,30 +261,12 @@ def test_each_step_applies_the_clipped_gradient_of_the_loss_to_every_parameter(t
 # ---------------------------------------------------------------------------- bad input
 
 
-@pytest.mark.parametrize(
-    "kw, flag",
-    [
-        (dict(num_minibatches=3), "--num-minibatches"),
-        (dict(env_id="Pendulum-v1"), "--env-id"),
-        (dict(env_id="NoSuchEnv-v0"), "--env-id"),
-        (dict(env_id="FrozenLake-v1"), "--env-id"),  # Discrete observations: the MLP needs a flat Box
-        (dict(gamma=1.5), "--gamma"),
-        (dict(gamma=0.0), "--gamma"),
-        (dict(gae_lambda=-0.1), "--gae-lambda"),
-        (dict(gae_lambda=0.0), "--gae-lambda"),
-        (dict(gae_lambda=1.5), "--gae-lambda"),
-        (dict(learning_rate=0.0), "--learning-rate"),
-        (dict(learning_rate=-1e-3), "--learning-rate"),
-        (dict(clip_coef=0.0), "--clip-coef"),
-        (dict(clip_coef=-0.2), "--clip-coef"),
-        (dict(max_grad_norm=0.0), "--max-grad-norm"),  # would zero every gradient
-        (dict(max_grad_norm=-1.0), "--max-grad-norm"),  # would flip every gradient
-        (dict(total_timesteps=0), "--total-timesteps"),
-        (dict(total_timesteps=-5), "--total-timesteps"),
-        (dict(total_timesteps=100), "--total-timesteps"),  # less than one batch of 8 x 32
-        (dict(eval_checkpoint="/no/such/agent.pt"), "--eval-checkpoint"),
-    ],
-)
+# FrozenLake-v1's observations are Discrete, where the MLP needs a flat Box; a max_grad_norm of 0 would zero every
+# gradient, a negative one flip it; 100 steps are less than one batch of 8 x 32
+@pytest.mark.parametrize("kw, flag", each_bad_value(
+    num_minibatches=3, env_id=("Pendulum-v1", "NoSuchEnv-v0", "FrozenLake-v1"), gamma=(1.5, 0.0),
+    gae_lambda=(-0.1, 0.0, 1.5), learning_rate=(0.0, -1e-3), clip_coef=(0.0, -0.2), max_grad_norm=(0.0, -1.0),
+    total_timesteps=(0, -5, 100), eval_checkpoint="/no/such/agent.pt"))
 def test_bad_input_fails_fast_naming_the_flag(fails_fast, kw, flag):
     fails_fast(ppo_cartpole, small_args, kw, flag)
 

@@ -17,8 +17,9 @@ import ppo_walker2d as P
 from conftest import (PPO_ONLY_TAGS, SHARED_TAGS, GymPPOScriptTests, bootstrap_values, cartpole_agent_pt,
                       check_every_quantity_where_it_belongs, check_gae_against_the_explicit_sum,
                       check_logged_episodes, check_orthogonal_mlp, check_ppo_steps_apply_the_clipped_gradient,
-                      check_same_step_autoreset, check_the_budget_is_said, minibatches_of, mlp_by_hand,
-                      played_by_hand, random_rollout, rollout_rows_from, tanh_mlp, unusable_checkpoint, value_of)
+                      check_same_step_autoreset, check_the_budget_is_said, each_bad_value, minibatches_of,
+                      mlp_by_hand, played_by_hand, random_rollout, rollout_rows_from, tanh_mlp,
+                      unusable_checkpoint, value_of)
 
 torch.set_num_threads(1)
 
@@ -611,22 +612,11 @@ def small_args(runs_dir, **kw):
     return P.Args(**{**dict(runs_dir=str(runs_dir), total_timesteps=2048, eval_episodes=1, cuda=False), **kw})
 
 
-@pytest.mark.parametrize(
-    "kw, flag",
-    [
-        (dict(learning_rate=0.0), "--learning-rate"),
-        (dict(learning_rate=-6e-4), "--learning-rate"),
-        (dict(gamma=0.0), "--gamma"),
-        (dict(gamma=1.5), "--gamma"),
-        (dict(gae_lambda=0.0), "--gae-lambda"),
-        (dict(gae_lambda=1.5), "--gae-lambda"),
-        (dict(clip_coef=0.0), "--clip-coef"),
-        (dict(clip_coef=-0.2), "--clip-coef"),
-        (dict(max_grad_norm=0.0), "--max-grad-norm"),  # would zero every gradient
-        (dict(max_grad_norm=-1.0), "--max-grad-norm"),  # would flip every gradient
-        (dict(total_timesteps=1000), "--total-timesteps"),  # less than one batch of 8 x 256
-    ],
-)
+# a max_grad_norm of 0 would zero every gradient, a negative one flip it; 1000 steps are less than one batch of
+# 8 x 256
+@pytest.mark.parametrize("kw, flag", each_bad_value(
+    learning_rate=(0.0, -6e-4), gamma=(0.0, 1.5), gae_lambda=(0.0, 1.5), clip_coef=(0.0, -0.2),
+    max_grad_norm=(0.0, -1.0), total_timesteps=1000))
 def test_bad_input_fails_fast_naming_the_flag(fails_fast, kw, flag):
     fails_fast(P, small_args, kw, flag)
 

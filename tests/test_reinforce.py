@@ -8,7 +8,7 @@ import torch
 import reinforce
 from conftest import (GREEDY_EPISODES, PPO_ONLY_TAGS, SHARED_TAGS, CartPoleScriptTests, args_maker, cartpole_args,
                       check_entropy_bonus_gradient, check_evaluate_plays_the_greedy_action,
-                      check_losses_reach_their_networks, leaning, peaked, short_run_fixture,
+                      check_losses_reach_their_networks, each_bad_value, leaning, peaked, short_run_fixture,
                       softmax_policy_by_hand, standardized, value_of)
 
 CRITIC_TAGS = ["losses/value_loss", "losses/explained_variance"]
@@ -402,25 +402,13 @@ def test_each_update_applies_the_gradient_of_the_loss_to_every_parameter(tmp_pat
 # ---------------------------------------------------------------------------- bad input
 
 
-@pytest.mark.parametrize(
-    "kw, flag",
-    [
-        (dict(num_episodes=12, num_envs=8), "--num-episodes"),
-        (dict(num_episodes=0), "--num-episodes"),
-        (dict(num_envs=0), "--num-envs"),
-        (dict(gamma=-0.5), "--gamma"),
-        (dict(gamma=0.0), "--gamma"),
-        (dict(gamma=1.5), "--gamma"),
-        (dict(learning_rate=0.0), "--learning-rate"),
-        (dict(learning_rate=-1e-3), "--learning-rate"),
-        (dict(env_id="Pendulum-v1"), "--env-id"),
-        (dict(env_id="NoSuchEnv-v0"), "--env-id"),
-        (dict(env_id="FrozenLake-v1"), "--env-id"),  # Discrete observations: the MLP needs a flat Box
-        (dict(total_timesteps=0), "--total-timesteps"),
-        (dict(eval_episodes=-1), "--eval-episodes"),
-        (dict(eval_checkpoint="/no/such/agent.pt"), "--eval-checkpoint"),
-    ],
-)
+@pytest.mark.parametrize("kw, flag", [
+    (dict(num_episodes=12, num_envs=8), "--num-episodes"),
+    # FrozenLake-v1's observations are Discrete, where the MLP needs a flat Box
+    *each_bad_value(num_episodes=0, num_envs=0, gamma=(-0.5, 0.0, 1.5), learning_rate=(0.0, -1e-3),
+                    env_id=("Pendulum-v1", "NoSuchEnv-v0", "FrozenLake-v1"), total_timesteps=0, eval_episodes=-1,
+                    eval_checkpoint="/no/such/agent.pt"),
+])
 def test_bad_input_fails_fast_naming_the_flag(fails_fast, kw, flag):
     fails_fast(reinforce, small_args, kw, flag)
 
