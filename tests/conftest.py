@@ -924,6 +924,14 @@ def random_rollout(seed, T=23, N=4, p=0.1):
     return rewards, values, next_values, terminations, terminations | truncations
 
 
+def one_env_returns(compute_returns, next_values, terminations, dones, gamma):
+    """A script's compute_returns on one env's steps, each paying reward 1, with the given next values,
+    terminations and dones (one number a step): the returns, a number a step."""
+    column = lambda x: torch.tensor(x, dtype=torch.float32)[:, None]
+    rewards = torch.ones(len(dones), 1)
+    return compute_returns(rewards, column(next_values), column(terminations), column(dones), gamma)[:, 0].tolist()
+
+
 def check_gae_against_the_explicit_sum(compute_gae, array, rollout, gamma, lam):
     """A script's compute_gae on a random_rollout (passed as `array`s: float64 tensors or arrays) against
     gae_reference: the advantages, and the returns as advantages + values."""

@@ -10,8 +10,8 @@ from conftest import (GREEDY_EPISODES, PPO_ONLY_TAGS, SHARED_TAGS, CartPoleScrip
                       bootstrap_values, cartpole_args, check_entropy_bonus_gradient,
                       check_evaluate_plays_the_greedy_action, check_gae_against_the_explicit_sum,
                       check_losses_reach_their_networks, check_one_step_gae, check_the_budget_is_said,
-                      each_bad_value, gae_reference, leaning, peaked, random_rollout, short_run_fixture,
-                      softmax_policy_by_hand, standardized, value_of)
+                      each_bad_value, gae_reference, leaning, one_env_returns, peaked, random_rollout,
+                      short_run_fixture, softmax_policy_by_hand, standardized, value_of)
 
 
 # ---------------------------------------------------------------------------- math
@@ -51,15 +51,12 @@ def test_n_step_returns_match_explicit_sums(seed):
 
 
 def test_n_step_returns_truncation_bootstraps_termination_does_not_and_rollout_end_bootstraps():
-    gamma = 0.5
     # one env, 5 steps: truncated at step 1 (final-observation value 8), terminated at step 3,
-    # and the rollout ends at step 4 in the middle of an episode (value of the next observation 4)
-    rewards = torch.ones(5, 1)
-    next_values = torch.tensor([[100.0], [8.0], [100.0], [100.0], [4.0]])  # 100 where it must not be used
-    terminations = torch.tensor([[0.0], [0.0], [0.0], [1.0], [0.0]])
-    dones = torch.tensor([[0.0], [1.0], [0.0], [1.0], [0.0]])
-    returns = a2c.compute_returns(rewards, next_values, terminations, dones, gamma)
-    assert returns[:, 0].tolist() == [
+    # and the rollout ends at step 4 in the middle of an episode (value of the next observation 4); the next
+    # values are 100 where they must not be used
+    returns = one_env_returns(a2c.compute_returns, [100.0, 8.0, 100.0, 100.0, 4.0], [0.0, 0.0, 0.0, 1.0, 0.0],
+                              [0.0, 1.0, 0.0, 1.0, 0.0], 0.5)
+    assert returns == [
         1.0 + 0.5 * (1.0 + 0.5 * 8.0),  # two rewards, then the truncated episode's final value
         1.0 + 0.5 * 8.0,
         1.0 + 0.5 * 1.0,  # the pole fell after step 3: no bootstrap

@@ -8,8 +8,8 @@ import torch
 import reinforce
 from conftest import (GREEDY_EPISODES, PPO_ONLY_TAGS, SHARED_TAGS, CartPoleScriptTests, args_maker, cartpole_args,
                       check_entropy_bonus_gradient, check_evaluate_plays_the_greedy_action,
-                      check_losses_reach_their_networks, each_bad_value, leaning, peaked, short_run_fixture,
-                      softmax_policy_by_hand, standardized, value_of)
+                      check_losses_reach_their_networks, each_bad_value, leaning, one_env_returns, peaked,
+                      short_run_fixture, softmax_policy_by_hand, standardized, value_of)
 
 CRITIC_TAGS = ["losses/value_loss", "losses/explained_variance"]
 
@@ -69,18 +69,13 @@ def test_reward_to_go_matches_explicit_sums_per_episode(seed):
 
 
 def test_reward_to_go_truncation_bootstraps_and_termination_does_not():
-    gamma = 0.5
     # one env: an episode of 3 steps cut by the time limit (final-observation value 10), then one of
-    # 2 steps where the pole fell
-    rewards = torch.ones(5, 1)
-    next_values = torch.tensor([[99.0], [99.0], [10.0], [99.0], [99.0]])  # 99 where it must not be used
-    terminations = torch.tensor([[0.0], [0.0], [0.0], [0.0], [1.0]])
-    dones = torch.tensor([[0.0], [0.0], [1.0], [0.0], [1.0]])
-    returns = reinforce.compute_returns(rewards, next_values, terminations, dones, gamma)
-    assert returns[:, 0].tolist() == [3.0, 4.0, 6.0, 1.5, 1.0]
+    # 2 steps where the pole fell; the next values are 99 where they must not be used
+    terminations, dones = [0.0, 0.0, 0.0, 0.0, 1.0], [0.0, 0.0, 1.0, 0.0, 1.0]
+    returns = one_env_returns(reinforce.compute_returns, [99.0, 99.0, 10.0, 99.0, 99.0], terminations, dones, 0.5)
+    assert returns == [3.0, 4.0, 6.0, 1.5, 1.0]
     # without a baseline the rollout passes 0 as the truncated episode's tail: the plain discounted sum
-    returns = reinforce.compute_returns(rewards, torch.zeros(5, 1), terminations, dones, gamma)
-    assert returns[:, 0].tolist() == [1.75, 1.5, 1.0, 1.5, 1.0]
+    assert one_env_returns(reinforce.compute_returns, [0.0] * 5, terminations, dones, 0.5) == [1.75, 1.5, 1.0, 1.5, 1.0]
 
 
 def test_policy_loss_gradient_is_the_reinforce_estimator():
