@@ -41,9 +41,9 @@ Implementation details; numbers as in ppo_rlhf_gpt2.py and reward_model_gpt2.py,
 26. Logits divided by the sampling temperature in every forward pass, training included: DPO trains the
     policy that is sampled, against the reference that sampled a --gold file (--temperature 1: the paper's).
 28. Dropout off: eval mode, also while training (the reference's numbers depend on no dropout draw).
-37. Chosen and rejected responses in one forward pass; the loss averaged over pairs.
-39. reward_model_gpt2.py's seeded held-out split by prompt: the same flags hold out the same comparisons;
-    --split-seed keeps one split while --seed varies the rest.
+37. The Bradley-Terry loss, averaged over pairs; chosen and rejected responses in one forward pass.
+39. A seeded held-out split by prompt (held-out prompts are never trained on), beside the gold labeler.
+    The same flags hold out reward_model_gpt2.py's comparisons; --split-seed fixes the split, --seed the rest.
 40. The whole model trained, one epoch by default.
 41. The reference is the policy before its first step: its log-probs of every training response are computed
     once, in chunks without gradients, before training, so no second model is in memory while training; those
@@ -60,6 +60,7 @@ Implementation details; numbers as in ppo_rlhf_gpt2.py and reward_model_gpt2.py,
 44. The held-out KL estimated from the sampled tokens (k1, summed per response), as the RL files log it.
 """
 
+import importlib.util
 import json
 import math
 import os
@@ -86,7 +87,7 @@ class Args:
     torch_deterministic: bool = True  # if toggled, `torch.backends.cudnn.deterministic=True`
     cuda: bool = True  # if toggled and a GPU is available, run on it
     num_threads: int = 1  # torch CPU threads
-    runs_dir: str = "runs"  # TensorBoard logs and the model go to <runs_dir>/<run_name>/
+    runs_dir: str = "runs"  # TensorBoard logs, held-out scores and the model go to <runs_dir>/<run_name>/
     save_model: bool = False  # save the policy, its tokenizer and sampling.json to <run dir>/model
 
     # data
@@ -98,8 +99,8 @@ class Args:
 
     # model and sampling (the sampling of ppo_rlhf_gpt2.py)
     model_name: str = "gpt2"  # the policy and the reference: a causal LM's hub id or local directory
-    max_query_length: int = 32  # held-out prompts longer than this many tokens lose their first tokens
-    response_length: int = 24  # number of tokens sampled for each held-out response
+    max_query_length: int = 32  # prompts longer than this many tokens lose their first tokens when sampled
+    response_length: int = 24  # number of tokens sampled for each response
     min_response_length: int = 16  # a stop token earlier than this many tokens does not end the response
     temperature: float = 0.7  # the policy is softmax(logits / temperature), in training too (detail 26)
     stop_token: str = "."  # `eos` or a single-token string: responses are truncated after it
@@ -113,7 +114,7 @@ class Args:
     num_epochs: int = 1  # passes over the training comparisons
     batch_size: int = 32  # comparisons per optimizer step
     gradient_accumulation_steps: int = 4  # micro-batches per batch (each holds vocabulary-sized logits)
-    forward_batch_size: int = 16  # texts per pass without gradients: the reference, the evaluation
+    forward_batch_size: int = 16  # prompts per sampling pass, texts per pass without gradients
     learning_rate: float = 5e-6  # the learning rate of Adam (TRL: 1e-6 over many more steps)
     anneal_lr: bool = True  # anneal the learning rate linearly to 0
     max_grad_norm: float = 1.0  # the maximum norm of the global gradient
@@ -140,10 +141,10 @@ def model_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict:
 
 
 def scale_logits(logits: torch.Tensor, temperature: float, pad_token_id: int) -> torch.Tensor:
-    """detail 26: the policy is softmax(logits / temperature); detail 23: a pad id inside the vocabulary is
-    never a token of the policy."""
+    """detail 26: the policy is softmax(logits / temperature), in every forward pass."""
     logits = logits / temperature
     if pad_token_id < logits.shape[-1]:
+        # detail 23: a pad id inside the vocabulary is never a valid action (it would be read as padding)
         logits[..., pad_token_id] = torch.finfo(logits.dtype).min
     return logits
 
@@ -160,20 +161,13 @@ def sequence_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     return torch.where(mask, token_logps, 0.0).sum(1), mask.sum(1)
 
 
-def texts_of(comparisons: list[dict], end: str) -> tuple[list[str], list[int]]:
-    """The texts prompt + chosen of the comparisons, then prompt + rejected (detail 37: one pass for both),
-    each followed by end (the EOS with --append-eos, else ""); and where each response starts (the prompt's
-    length)."""
-    texts = [c["prompt"] + c[key] + end for key in ("chosen", "rejected") for c in comparisons]
-    return texts, [len(c["prompt"]) for _ in ("chosen", "rejected") for c in comparisons]
-
-
 def response_logps(model, tokenizer, comparisons: list[dict], args: Args, device):
     """(chosen_logps, rejected_logps, chosen_lengths, rejected_lengths) of the comparisons: each text
     tokenized whole, the response's tokens those that end after the prompt's characters (detail 42)."""
-    texts, starts = texts_of(comparisons, tokenizer.eos_token if args.append_eos else "")
-    batch = tokenizer(texts, padding=True, truncation=True, max_length=args.max_length, return_tensors="pt",
-                      return_offsets_mapping=True)
+    texts, starts = texts_of(comparisons)
+    end_token = tokenizer.eos_token if args.append_eos else ""  # an EOS scored after each response, or none
+    batch = tokenizer([text + end_token for text in texts], padding=True, truncation=True,
+                      max_length=args.max_length, return_tensors="pt", return_offsets_mapping=True)
     ends_after_prompt = batch["offset_mapping"][..., 1] > torch.tensor(starts)[:, None]
     response_mask = batch["attention_mask"].bool() & ends_after_prompt
     logps, lengths = sequence_logps(model, batch["input_ids"].to(device), batch["attention_mask"].to(device),
@@ -262,8 +256,11 @@ def main(args: Args) -> dict:
     torch.set_num_threads(args.num_threads)
     device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
     run_dir = os.path.join(args.runs_dir, f"{args.exp_name}__{args.seed}__{int(time.time())}")
-    tokenizer, stop_token_id = load_tokenizer(args.model_name, args.stop_token, args.append_eos)
-    check_max_length(args.model_name, tokenizer, texts_of(comparisons, "")[0], args)
+    tokenizer, stop_token_id = load_tokenizer(args.model_name, args.stop_token)
+    check_tokenizer(tokenizer, args)
+    check_max_length(args.model_name, tokenizer, texts_of(comparisons)[0], args)
+
+    # 2. preferences: the held-out split by prompt, and the gold scorer of the held-out samples
     split_seed = args.seed if args.split_seed is None else args.split_seed
     train_indices, eval_indices = split_comparisons([c["prompt"] for c in comparisons], args.eval_fraction,
                                                     split_seed)  # detail 39
@@ -275,7 +272,7 @@ def main(args: Args) -> dict:
         has_gold) else None  # the gold labeler's own agreement with the labels: the ceiling
     gold_fn = load_gold_fn(args, device) if args.gold and args.eval_episodes > 0 else None
 
-    # 2. the reference's log-probs, once (detail 41): the policy before its first step is the reference
+    # 3. the reference's log-probs, once (detail 41): the policy before its first step is the reference
     policy = load_policy(args.model_name, device)
     ref_train = logps_in_chunks(policy, tokenizer, train_set, args, device)
     ref_eval = None  # the held-out ones: the policy's at the step-0 evaluation
@@ -293,7 +290,7 @@ def main(args: Args) -> dict:
         eval_stats.update(stats)
         for key in ("accuracy", "accuracy_stderr", "dpo_loss", "margins_mean"):
             writer.add_scalar(f"eval/{key}", eval_stats[key], step)
-        if gold_accuracy is not None:  # detail 39: the ceiling, beside the implicit reward's accuracy
+        if gold_accuracy is not None:  # detail 39: the ceiling, beside the held-out accuracy
             writer.add_scalar("eval/gold_accuracy", gold_accuracy, step)
         if args.eval_episodes > 0:  # detail 41: at step 0 the policy is the reference, later it is reloaded
             reference = policy if step == 0 else load_policy(args.model_name, device)
@@ -314,7 +311,7 @@ def main(args: Args) -> dict:
                 if args.anneal_lr:  # detail 4
                     optimizer.param_groups[0]["lr"] = (1.0 - (step - 1.0) / num_steps) * args.learning_rate
 
-                # 3. update: the loss of each micro-batch against the stored reference, gradients accumulated
+                # 4. update: the loss of each micro-batch against the stored reference, gradients accumulated
                 stats = {}
                 for micro_start in range(start, start + args.batch_size, args.micro_batch_size):
                     indices = order[micro_start : micro_start + args.micro_batch_size]
@@ -337,7 +334,7 @@ def main(args: Args) -> dict:
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
 
-                # 4. logging: detail 43, TRL's names
+                # 5. logging: detail 43, TRL's names
                 stats = {k: float(np.mean(v)) for k, v in stats.items()}
                 stats["charts/learning_rate"] = optimizer.param_groups[0]["lr"]
                 for tag, value in stats.items():
@@ -351,7 +348,7 @@ def main(args: Args) -> dict:
         print(f"interrupted at step {step}: keeping the logs, skipping the final evaluation")
         interrupted, eval_stats = True, {}
 
-    # 5. save
+    # 6. save
     result = {"run_dir": run_dir, "preferences": args.preferences, "steps": step, "interrupted": interrupted,
               "gold_accuracy": gold_accuracy,
               **{f"eval_{k}": v for k, v in eval_stats.items() if k not in ("margins", "samples")}}
@@ -373,8 +370,17 @@ def main(args: Args) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------------------
-# Plumbing, skippable on a first reading: the held-out split, the sampled evaluation, argument checks, the
-# preference file, loading and saving.
+# Plumbing, skippable on a first reading: the held-out split and evaluation, argument checks, the preference
+# file, loading and saving.
+
+
+def texts_of(comparisons: list[dict]) -> tuple[list[str], list[int]]:
+    """The texts prompt + chosen of the comparisons, then prompt + rejected (one forward pass scores both);
+    and where each response starts (the prompt's length)."""
+    texts = [c["prompt"] + c[key] for key in ("chosen", "rejected") for c in comparisons]
+    starts = [len(c["prompt"]) for _ in ("chosen", "rejected") for c in comparisons]
+    return texts, starts
+
 
 def split_comparisons(prompts: list[str], eval_fraction: float, seed: int) -> tuple[list[int], list[int]]:
     """detail 39: (training, held-out) indices of the comparisons whose prompts are given, split by prompt:
@@ -385,37 +391,6 @@ def split_comparisons(prompts: list[str], eval_fraction: float, seed: int) -> tu
     held_out = set(distinct[: max(1, round(eval_fraction * len(distinct)))])
     return ([i for i, p in enumerate(prompts) if p not in held_out],
             [i for i, p in enumerate(prompts) if p in held_out])
-
-
-def generate(policy, queries: torch.Tensor, response_length: int, temperature: float, pad_token_id: int):
-    """Sample response_length tokens after each left-padded query (detail 24), with the KV cache."""
-    inputs = model_inputs(queries, queries != pad_token_id)  # detail 25
-    attention_mask, position_ids = inputs["attention_mask"], inputs["position_ids"]
-    input_ids, past_key_values, responses = inputs["input_ids"], None, []
-    for _ in range(response_length):
-        output = policy(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                        past_key_values=past_key_values, use_cache=True, logits_to_keep=1)
-        past_key_values = output.past_key_values
-        logits = scale_logits(output.logits[:, -1], temperature, pad_token_id)  # details 23, 26
-        token = torch.multinomial(logits.softmax(-1), 1)  # detail 27: pure sampling
-        responses.append(token)
-        input_ids = token
-        attention_mask = torch.cat([attention_mask, torch.ones_like(token, dtype=torch.bool)], dim=1)
-        position_ids = position_ids[:, -1:] + 1
-    return torch.cat(responses, dim=1)
-
-
-def truncate_after_stop_token(responses: torch.Tensor, stop_token_id: int, pad_token_id: int,
-                              min_response_length: int = 0):
-    """detail 29: keep each response up to and including its first stop token at index min_response_length
-    or later, and pad what follows. Returns the truncated responses, the response mask (True on the real
-    tokens: up to and including that stop token) and whether each response contains such a stop token."""
-    is_stop = responses == stop_token_id
-    is_stop[:, :min_response_length] = False  # too early to end the response
-    contain_stop = is_stop.any(dim=1)
-    last_index = torch.where(contain_stop, is_stop.int().argmax(dim=1), responses.shape[1] - 1)
-    response_mask = torch.arange(responses.shape[1], device=responses.device) <= last_index.unsqueeze(1)
-    return responses.masked_fill(~response_mask, pad_token_id), response_mask, contain_stop
 
 
 def mean_and_stderr_over_prompts(values: list[float], prompts: list[str]) -> tuple[float, float]:
@@ -441,12 +416,8 @@ def evaluate_samples(policy, reference, eval_prompts: list[str], tokenizer, stop
         torch.manual_seed(args.seed)
         for i in range(0, len(prompts), args.forward_batch_size):
             batch = prompts[i : i + args.forward_batch_size]
-            queries = tokenizer(batch, padding=True, truncation=True, max_length=args.max_query_length,
-                                return_tensors="pt")["input_ids"].to(device)
-            responses = generate(policy, queries, args.response_length, args.temperature,
-                                 tokenizer.pad_token_id)
-            responses, response_mask, contain_stop = truncate_after_stop_token(
-                responses, stop_token_id, tokenizer.pad_token_id, args.min_response_length)
+            queries, responses, response_mask, contain_stop = sample_responses(policy, batch, tokenizer,
+                                                                               stop_token_id, args, device)
             query_responses = torch.cat([queries, responses], dim=1)
             attention_mask = query_responses != tokenizer.pad_token_id
             mask = torch.cat([torch.zeros_like(queries, dtype=torch.bool), response_mask], dim=1)
@@ -491,10 +462,12 @@ def check_args(args: Args) -> None:
     require(("max_query_length", "response_length", "num_epochs", "batch_size", "gradient_accumulation_steps",
              "forward_batch_size", "num_threads"), lambda v: v >= 1, "at least 1")
     require(("max_length",), lambda v: v >= 2, "at least 2")
-    require(("eval_every", "eval_episodes"), lambda v: v >= 0, "at least 0")
-    require(("beta", "temperature", "learning_rate", "max_grad_norm"),
-            lambda v: v > 0 and math.isfinite(v), "positive")
+    require(("eval_every",), lambda v: v >= 0, "at least 0")
+    require(("temperature", "learning_rate", "max_grad_norm"), lambda v: v > 0 and math.isfinite(v),
+            "positive")
     require(("eval_fraction",), lambda v: 0 < v < 1, "between 0 and 1 (exclusive)")
+    require(("eval_episodes",), lambda v: v >= 0, "at least 0")
+    require(("beta",), lambda v: v > 0 and math.isfinite(v), "positive")
     require(("label_smoothing",), lambda v: 0 <= v < 0.5, "in [0, 0.5): the share of labels assumed flipped")
     require(("loss_type",), lambda v: v in ("sigmoid", "ipo"), "`sigmoid` or `ipo`")
     if args.label_smoothing > 0 and args.loss_type != "sigmoid":
@@ -516,13 +489,9 @@ def check_args(args: Args) -> None:
                          "--gold writes one)")
     if not os.path.isfile(args.preferences):
         raise SystemExit(f"error: --preferences {args.preferences}: no such file")
-    if args.gold == "vader":
-        import importlib.util
-
-        if importlib.util.find_spec("vaderSentiment") is None:
-            raise SystemExit("error: --gold vader needs the vaderSentiment package (pip install "
-                             "vaderSentiment)")
-    elif args.gold not in (None, "length") and not os.path.isdir(os.path.expanduser(args.gold)):
+    if args.gold == "vader" and importlib.util.find_spec("vaderSentiment") is None:
+        raise SystemExit("error: --gold vader needs the vaderSentiment package (pip install vaderSentiment)")
+    if args.gold not in (None, "vader", "length") and not os.path.isdir(os.path.expanduser(args.gold)):
         raise SystemExit(f"error: --gold {args.gold}: not `vader`, `length` or a sequence-classifier folder")
 
 
@@ -540,10 +509,22 @@ def check_split(prompts: list[str], args: Args) -> None:
                          f"lower it or add comparisons")
 
 
+def check_tokenizer(tokenizer, args: Args) -> None:
+    """--append-eos appends the EOS to every text: it must exist and be read as one token; the response's
+    tokens are found by their character offsets, which only fast tokenizers give."""
+    if args.append_eos and (tokenizer.eos_token is None or tokenizer.encode(
+            "x" + tokenizer.eos_token, add_special_tokens=False)[-1:] != [tokenizer.eos_token_id]):
+        raise SystemExit(f"error: --append-eos: the tokenizer of {args.model_name} has no EOS token that "
+                         "text can end with")
+    if not tokenizer.is_fast:
+        raise SystemExit(f"error: --model-name {args.model_name}: its tokenizer gives no character offsets "
+                         "(not a fast tokenizer), which find the response's tokens")
+
+
 def write_held_out_scores(indices: list[int], margins: list[float], run_dir: str) -> str:
     """<run dir>/held_out_scores.jsonl: the held-out comparisons (0-based lines of the preference file) and
-    their implicit reward margins, in reward_model_gpt2.py's format (benchmarks/preference_baselines.py
-    --scores reads both)."""
+    their margins, the chosen response's score minus the rejected one's (the reward model's score, DPO's
+    implicit reward), which benchmarks/preference_baselines.py --scores reads."""
     os.makedirs(run_dir, exist_ok=True)
     path = os.path.join(run_dir, "held_out_scores.jsonl")
     with open(path, "w") as f:
@@ -598,18 +579,10 @@ def from_pretrained(auto_class, name: str, flag: str, **kwargs):
                          f"HF_HUB_OFFLINE=1 to skip the retries).")
 
 
-def load_tokenizer(model_name: str, stop_token: str, append_eos: bool = False):
-    """The policy's tokenizer: left padding and truncation, a pad token distinct from EOS, character offsets
-    (detail 42); and the stop id."""
+def load_tokenizer(model_name: str, stop_token: str):
+    """The policy's tokenizer: left padding and truncation, a pad token distinct from EOS; and the stop id."""
     tokenizer = from_pretrained(AutoTokenizer, model_name, "--model-name", padding_side="left",
                                 truncation_side="left")  # detail 24
-    if not tokenizer.is_fast:
-        raise SystemExit(f"error: --model-name {model_name}: its tokenizer gives no character offsets (not a "
-                         "fast tokenizer), which find the response's tokens")
-    if append_eos and (tokenizer.eos_token is None or tokenizer.encode(
-            "x" + tokenizer.eos_token, add_special_tokens=False)[-1:] != [tokenizer.eos_token_id]):
-        raise SystemExit(f"error: --append-eos: the tokenizer of {model_name} has no EOS token that text can "
-                         "end with")
     if tokenizer.pad_token is None or tokenizer.pad_token_id == tokenizer.eos_token_id:
         tokenizer.add_special_tokens({"pad_token": "[PAD]"})  # detail 23
     if stop_token == "eos":
@@ -708,6 +681,56 @@ def save_policy(policy: nn.Module, model_name: str, path: str, args: Args) -> No
     tokenizer.save_pretrained(path)
     with open(os.path.join(path, "sampling.json"), "w") as f:
         json.dump({name: getattr(args, name) for name in SAMPLING}, f)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Generation, skippable: ppo_rlhf_gpt2.py's, copied (no code is shared between the scripts).
+
+
+def sample_responses(policy, prompts: list[str], tokenizer, stop_token_id: int, args: Args, device):
+    """One response to each prompt, sampled as ppo_rlhf_gpt2.py samples: the queries (left-padded, their
+    first tokens cut beyond --max-query-length), the responses truncated after their stop token, the response
+    mask and whether each response stopped."""
+    queries = tokenizer(prompts, padding=True, truncation=True, max_length=args.max_query_length,
+                        return_tensors="pt")["input_ids"].to(device)
+    responses = generate(policy, queries, args.response_length, args.temperature, tokenizer.pad_token_id)
+    responses, response_mask, contain_stop = truncate_after_stop_token(
+        responses, stop_token_id, tokenizer.pad_token_id, args.min_response_length)
+    return queries, responses, response_mask, contain_stop
+
+
+@torch.inference_mode()
+def generate(policy, queries: torch.Tensor, response_length: int, temperature: float, pad_token_id: int):
+    """Sample response_length tokens after each left-padded query (detail 24), with the KV cache."""
+    inputs = model_inputs(queries, queries != pad_token_id)  # detail 25
+    attention_mask, position_ids = inputs["attention_mask"], inputs["position_ids"]
+    input_ids, past_key_values, responses = inputs["input_ids"], None, []
+    for _ in range(response_length):
+        output = policy(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                        past_key_values=past_key_values, use_cache=True, logits_to_keep=1)
+        past_key_values = output.past_key_values
+        logits = output.logits[:, -1] / temperature  # detail 26
+        if pad_token_id < logits.shape[-1]:  # detail 23: a pad id inside the vocabulary is never sampled
+            logits[:, pad_token_id] = torch.finfo(logits.dtype).min
+        token = torch.multinomial(logits.softmax(-1), 1)  # detail 27: pure sampling
+        responses.append(token)
+        input_ids = token
+        attention_mask = torch.cat([attention_mask, torch.ones_like(token, dtype=torch.bool)], dim=1)
+        position_ids = position_ids[:, -1:] + 1
+    return torch.cat(responses, dim=1)
+
+
+def truncate_after_stop_token(responses: torch.Tensor, stop_token_id: int, pad_token_id: int,
+                              min_response_length: int = 0):
+    """detail 29: keep each response up to and including its first stop token at index min_response_length
+    or later, and pad what follows. Returns the truncated responses, the response mask (True on the real
+    tokens: up to and including that stop token) and whether each response contains such a stop token."""
+    is_stop = responses == stop_token_id
+    is_stop[:, :min_response_length] = False  # too early to end the response
+    contain_stop = is_stop.any(dim=1)
+    last_index = torch.where(contain_stop, is_stop.int().argmax(dim=1), responses.shape[1] - 1)
+    response_mask = torch.arange(responses.shape[1], device=responses.device) <= last_index.unsqueeze(1)
+    return responses.masked_fill(~response_mask, pad_token_id), response_mask, contain_stop
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ comparisons: two responses per prompt sampled from the policy, a gold scorer (va
 a classifier) standing in for the human, who prefers a response with the Bradley-Terry probability below. The
 file is written first, then trained on, so it can be read and reused; its gold scores give the gold labeler's
 own agreement with the labels, the ceiling of a reward model's held-out accuracy (the labels are noisy).
-The saved folder is what ppo_rlhf_gpt2.py's --reward-model reads.
 
 Papers: Ziegler et al. 2019, "Fine-Tuning Language Models from Human Preferences" (arXiv:1909.08593);
 Stiennon et al. 2020, "Learning to Summarize from Human Feedback" (arXiv:2009.01325); Ouyang et al. 2022,
@@ -31,13 +30,11 @@ One comparison a line of --preferences (JSON): {"prompt": ..., "chosen": ..., "r
     normalization: gain = 1 / std(scores), bias = -mean(scores) * gain over all responses of the file
     normalized score = gain * scores + bias = logits[:, 0] + config.reward_bias (the gain is in the head)
 
-Implementation details; RLHF numbers as in ppo_rlhf_gpt2.py, 35 on for the reward model's own:
- 3. Adam with eps = 1e-5.   4. The learning rate decays linearly to 0.
-23. A pad token distinct from EOS, never fed to a model and never sampled (masked out of the logits).
-24. Left padding of the queries when sampling the comparisons.   28. Dropout off: eval mode, also training.
-25. Position ids computed from the attention mask in every forward pass.
-26. Logits divided by the sampling temperature.   27. Pure sampling (no top-k, no top-p).
-29. Truncation after the first stop token at or after --min-response-length tokens.
+Implementation details; numbers as in ppo_rlhf_gpt2.py, 35 on for the reward model's own:
+ 3. Adam with eps = 1e-5.   4. The learning rate decays linearly to 0.   11. Gradient-norm clipping.
+23-29 in the --gold sampling: a pad token distinct from EOS, left padding, position ids from the mask,
+    logits / temperature, pure sampling, dropout off, truncation after the first stop token.
+25. Position ids from the attention mask in every forward pass.   28. Dropout off: eval mode, also training.
 31. Reward normalization, after training: the scores set to mean 0 and std 1 on the responses of the
     preference file (with --gold: the initial policy's own samples). The gain is folded into the head's
     weight (exact; the head has no bias), the shift saved as config.reward_bias for the RLHF scripts.
@@ -46,7 +43,7 @@ Implementation details; RLHF numbers as in ppo_rlhf_gpt2.py, 35 on for the rewar
     after the prompt's) and an end token, the EOS, appended to every text and found from the attention mask
     whatever the padding side (--readout mean; saved as config.reward_end_token and reward_readout for the
     loaders). --readout end reads the end token alone, --readout last the text's last token.
-37. Bradley-Terry loss; chosen and rejected responses in one forward pass.
+37. The Bradley-Terry loss, averaged over pairs; chosen and rejected responses in one forward pass.
 38. Synthetic labels: a gold scorer with Bradley-Terry noise, the pairs of identical responses dropped.
 39. A seeded held-out split by prompt (held-out prompts are never trained on), beside the gold labeler.
 40. The whole model trained, one epoch by default (reward models overfit fast); a random head (--no-probe) at
@@ -83,22 +80,22 @@ class Args:
     torch_deterministic: bool = True  # if toggled, `torch.backends.cudnn.deterministic=True`
     cuda: bool = True  # if toggled and a GPU is available, run on it
     num_threads: int = 1  # torch CPU threads
-    runs_dir: str = "runs"  # TensorBoard logs, preferences.jsonl and the model go to <runs_dir>/<run_name>/
+    runs_dir: str = "runs"  # TensorBoard logs, held-out scores and the model go to <runs_dir>/<run_name>/
     save_model: bool = False  # save the reward model and its tokenizer (save_pretrained) to <run dir>/model
 
     # data
-    preferences: str | None = None  # a JSONL file of comparisons to train on (or --gold to make one)
+    preferences: str | None = None  # a JSONL file of comparisons, {"prompt", "chosen", "rejected"} a line
+    eval_fraction: float = 0.1  # share of the distinct prompts held out with all their comparisons (seeded)
     gold: str | None = None  # make <run dir>/preferences.jsonl: `vader`, `length` or a classifier folder
-    gold_beta: float = 0.1  # labeler noise: a vader difference of 0.1 is preferred 73% of the time, 0.3: 95%
     gold_label: int = 1  # --gold FOLDER: the classifier's logit used as the gold score (one label: it)
+    gold_beta: float = 0.1  # labeler noise: a vader difference of 0.1 is preferred 73% of the time, 0.3: 95%
     num_comparisons: int = 2000  # --gold: comparisons written (two responses sampled per prompt)
     prompts_file: str | None = None  # --gold: one prompt per line (default: ppo_rlhf_gpt2.py's prompts)
     preferences_only: bool = False  # --gold: write <run dir>/preferences.jsonl and stop (no reward model)
-    eval_fraction: float = 0.1  # share of the distinct prompts held out with all their comparisons (seeded)
 
     # model and sampling (the sampling of ppo_rlhf_gpt2.py)
     model_name: str = "gpt2"  # the policy: samples the comparisons; its backbone starts the reward model
-    max_query_length: int = 32  # longer prompts lose their first tokens
+    max_query_length: int = 32  # prompts longer than this many tokens lose their first tokens when sampled
     response_length: int = 24  # number of tokens sampled for each response
     min_response_length: int = 16  # a stop token earlier than this many tokens does not end the response
     temperature: float = 0.7  # sampling temperature
@@ -110,7 +107,7 @@ class Args:
     num_epochs: int = 1  # passes over the training comparisons
     batch_size: int = 32  # comparisons per optimizer step
     gradient_accumulation_steps: int = 1  # micro-batches per batch, their gradients accumulated
-    forward_batch_size: int = 32  # prompts per sampling pass, texts per scoring pass without gradients
+    forward_batch_size: int = 32  # prompts per sampling pass, texts per pass without gradients
     learning_rate: float = 2e-5  # the learning rate of Adam for the backbone
     head_learning_rate: float | None = None  # the head's rate; None: the backbone's after --probe, else 1e-3
     probe: bool = True  # fit the head on the frozen backbone's features, then train the whole model (LP-FT)
@@ -118,7 +115,7 @@ class Args:
     probe_folds: int = 5  # the cross-validation's folds of training prompts (with several --probe-l2)
     anneal_lr: bool = True  # anneal the learning rate linearly to 0
     max_grad_norm: float = 1.0  # the maximum norm of the global gradient
-    eval_every: int = 10  # score the held-out comparisons every this many steps (0: at the end only)
+    eval_every: int = 10  # also evaluate every this many steps (0: before and after training only)
     normalize: bool = True  # fold mean 0, std 1 on the file's responses into the saved model
 
     # computed in check_args
@@ -152,12 +149,8 @@ def sample_comparisons(policy, prompts: list[str], tokenizer, stop_token_id: int
     rng, generator, comparisons = random.Random(args.seed), torch.Generator().manual_seed(args.seed), []
     while len(comparisons) < args.num_comparisons:
         batch = [prompts[rng.randrange(len(prompts))] for _ in range(args.forward_batch_size)]
-        queries = tokenizer(batch, padding=True, truncation=True, max_length=args.max_query_length,
-                            return_tensors="pt")["input_ids"].to(device)
-        queries = torch.cat([queries, queries])  # response a of each prompt, then response b
-        responses = generate(policy, queries, args.response_length, args.temperature, tokenizer.pad_token_id)
-        responses, _, _ = truncate_after_stop_token(responses, stop_token_id, tokenizer.pad_token_id,
-                                              args.min_response_length)
+        queries, responses, _, _ = sample_responses(policy, batch + batch, tokenizer, stop_token_id, args,
+                                                    device)  # response a of each prompt, then response b
         # The text is the one ppo_rlhf_gpt2.py's reward function reads; the prompt is its decoded query,
         # so that prompt + response is that text exactly.
         texts = tokenizer.batch_decode(torch.cat([queries, responses], dim=1), skip_special_tokens=True)
@@ -264,7 +257,7 @@ def fit_probe(chosen_features: torch.Tensor, rejected_features: torch.Tensor, l2
 def main(args: Args) -> dict:
     # 1. setup
     check_args(args)
-    comparisons = None if args.gold else read_preferences(args.preferences, args)  # fails before loading
+    comparisons = [] if args.gold else read_preferences(args.preferences, args)  # fails before loading
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
@@ -274,7 +267,7 @@ def main(args: Args) -> dict:
     run_dir = os.path.join(args.runs_dir, f"{args.exp_name}__{args.seed}__{int(time.time())}")
     tokenizer, stop_token_id = load_tokenizer(args.model_name, args.stop_token)
     check_end_token(tokenizer, args)
-    check_max_length(args.model_name, tokenizer, texts_of(comparisons, args)[0] if comparisons else [], args)
+    check_max_length(args.model_name, tokenizer, texts_of(comparisons)[0], args)
     end_token = end_token_of(tokenizer, args)  # detail 36: appended to every text scored
 
     # 2. preferences: with --gold, sample and label them, and write the file before training on it
@@ -291,6 +284,7 @@ def main(args: Args) -> dict:
     train_indices, eval_indices = split_comparisons([c["prompt"] for c in comparisons], args.eval_fraction,
                                                     args.seed)  # detail 39
     train_set, eval_set = [comparisons[i] for i in train_indices], [comparisons[i] for i in eval_indices]
+    eval_prompts = list(dict.fromkeys(c["prompt"] for c in eval_set))  # never trained on
     has_gold = all("gold_chosen" in c and "gold_rejected" in c for c in eval_set)
     gold_accuracy = comparison_accuracy(*(torch.tensor([c[k] for c in eval_set], dtype=torch.float64)
                                           for k in ("gold_chosen", "gold_rejected"))) if has_gold else None
@@ -312,26 +306,23 @@ def main(args: Args) -> dict:
 
     def held_out_evaluation():
         eval_stats.update(evaluate_comparisons(reward_model, tokenizer, eval_set, args, device))
-        writer.add_scalar("eval/accuracy", eval_stats["accuracy"], step)
-        writer.add_scalar("eval/reward_loss", eval_stats["reward_loss"], step)
-        if gold_accuracy is not None:  # detail 39: the ceiling, beside the reward model's accuracy
+        for key in ("accuracy", "reward_loss"):
+            writer.add_scalar(f"eval/{key}", eval_stats[key], step)
+        if gold_accuracy is not None:  # detail 39: the ceiling, beside the held-out accuracy
             writer.add_scalar("eval/gold_accuracy", gold_accuracy, step)
 
-    num_eval_prompts = len({c["prompt"] for c in eval_set})
-    print(f"{len(train_set)} training and {len(eval_set)} held-out comparisons ({num_eval_prompts} held-out "
+    print(f"{len(train_set)} training and {len(eval_set)} held-out comparisons ({len(eval_prompts)} held-out "
           f"prompts), {num_steps} steps")
     try:
         if args.probe:  # detail 45: the head fitted on the frozen features of the training texts, once
-            chosen_features, rejected_features = readout_features(reward_model, tokenizer, train_set, args,
-                                                                   device)
-            probe_l2, cross_validated = cross_validated_l2(chosen_features, rejected_features,
-                                                           [c["prompt"] for c in train_set], args.probe_l2,
-                                                           args.probe_folds, args.seed)
+            features = readout_features(reward_model, tokenizer, train_set, args, device)  # chosen, rejected
+            probe_l2, cross_validated = cross_validated_l2(*features, [c["prompt"] for c in train_set],
+                                                           args.probe_l2, args.probe_folds, args.seed)
             scores = ", ".join(f"{k:g}: {v:.3f}" for k, v in cross_validated.items())
             print(f"probe L2 {probe_l2:g}" + (f" (cross-validated accuracies {scores})" if scores else ""))
             writer.add_scalar("probe/l2", probe_l2, 0)
             with torch.no_grad():
-                reward_model.score.weight.copy_(fit_probe(chosen_features, rejected_features, probe_l2))
+                reward_model.score.weight.copy_(fit_probe(*features, probe_l2))
         held_out_evaluation()  # step 0: the probed head, or the random one
         print(f"step 0 held-out accuracy {eval_stats['accuracy']:.3f}" + (" (probed)" if args.probe else ""))
         for epoch in range(args.num_epochs):  # detail 40
@@ -343,30 +334,32 @@ def main(args: Args) -> dict:
                         group["lr"] = (1.0 - (step - 1.0) / num_steps) * learning_rate
 
                 # 4. update: the Bradley-Terry loss of each micro-batch, gradients accumulated
-                losses, accuracies = [], []
+                stats = {}
                 for micro_start in range(start, start + args.batch_size, args.micro_batch_size):
                     batch = [train_set[i] for i in order[micro_start : micro_start + args.micro_batch_size]]
-                    texts, starts = texts_of(batch, args)
+                    texts, starts = texts_of(batch)
                     scores = score_texts(reward_model, tokenizer, texts, end_token, args.max_length, device,
-                                         starts)  # detail 37
+                                         starts if args.readout == "mean" else None)  # detail 37
                     chosen_scores, rejected_scores = scores[: len(batch)], scores[len(batch) :]
                     loss = preference_loss(chosen_scores, rejected_scores)
                     (loss / args.gradient_accumulation_steps).backward()
-                    losses.append(loss.item())
-                    accuracies.append(comparison_accuracy(chosen_scores.detach(), rejected_scores.detach()))
-                nn.utils.clip_grad_norm_(reward_model.parameters(), args.max_grad_norm)
+                    accuracy = comparison_accuracy(chosen_scores.detach(), rejected_scores.detach())
+                    for key, value in [("losses/reward_loss", loss.item()), ("charts/accuracy", accuracy)]:
+                        stats.setdefault(key, []).append(value)
+                nn.utils.clip_grad_norm_(reward_model.parameters(), args.max_grad_norm)  # detail 11
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
 
                 # 5. logging
-                writer.add_scalar("losses/reward_loss", float(np.mean(losses)), step)
-                writer.add_scalar("charts/accuracy", float(np.mean(accuracies)), step)
-                writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], step)
-                writer.add_scalar("charts/head_learning_rate", optimizer.param_groups[1]["lr"], step)
+                stats = {k: float(np.mean(v)) for k, v in stats.items()}
+                stats["charts/learning_rate"] = optimizer.param_groups[0]["lr"]
+                stats["charts/head_learning_rate"] = optimizer.param_groups[1]["lr"]
+                for tag, value in stats.items():
+                    writer.add_scalar(tag, value, step)
                 if args.eval_every > 0 and step % args.eval_every == 0 and step < num_steps:
                     held_out_evaluation()
-                print(f"epoch {epoch + 1} step {step}/{num_steps} loss {np.mean(losses):.4f} "
-                      f"accuracy {np.mean(accuracies):.3f}")
+                print(f"epoch {epoch + 1} step {step}/{num_steps} loss {stats['losses/reward_loss']:.4f} "
+                      f"accuracy {stats['charts/accuracy']:.3f}")
         held_out_evaluation()
     except KeyboardInterrupt:
         print(f"interrupted at step {step}: keeping the logs, skipping the final evaluation")
@@ -378,9 +371,7 @@ def main(args: Args) -> dict:
               **{f"eval_{k}": v for k, v in eval_stats.items() if k != "margins"}}
     try:
         if not interrupted:
-            gold = f", the gold labeler's {gold_accuracy:.3f}" if gold_accuracy is not None else ""
-            print(f"held-out accuracy {eval_stats['accuracy']:.3f} on {len(eval_set)} comparisons of "
-                  f"{num_eval_prompts} prompts{gold}")
+            print_held_out_summary(eval_stats, gold_accuracy, len(eval_set), len(eval_prompts))
             result["held_out_scores"] = write_held_out_scores(eval_indices, eval_stats["margins"], run_dir)
         if args.save_model:
             gain, bias = 1.0, 0.0
@@ -403,21 +394,16 @@ def main(args: Args) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------------------
-# Plumbing, skippable on a first reading: the held-out split and evaluation, the probe's L2 by
-# cross-validation, argument checks, the preference file, loading and saving.
+# Plumbing, skippable on a first reading: the held-out split and evaluation, argument checks, the preference
+# file, loading and saving; the probe's L2 by cross-validation.
 
 
-def texts_of(comparisons: list[dict], args: Args) -> tuple[list[str], list[int] | None]:
-    """The texts prompt + chosen of the comparisons, then prompt + rejected; and where each response starts
-    (the prompt's length) for --readout mean, None for the other readouts."""
+def texts_of(comparisons: list[dict]) -> tuple[list[str], list[int]]:
+    """The texts prompt + chosen of the comparisons, then prompt + rejected (one forward pass scores both);
+    and where each response starts (the prompt's length)."""
     texts = [c["prompt"] + c[key] for key in ("chosen", "rejected") for c in comparisons]
     starts = [len(c["prompt"]) for _ in ("chosen", "rejected") for c in comparisons]
-    return texts, starts if args.readout == "mean" else None
-
-
-def end_token_of(tokenizer, args: Args) -> str:
-    """detail 36: what is appended to every text before it is scored: the EOS, or nothing (--readout last)."""
-    return "" if args.readout == "last" else tokenizer.eos_token
+    return texts, starts
 
 
 def split_comparisons(prompts: list[str], eval_fraction: float, seed: int) -> tuple[list[int], list[int]]:
@@ -431,13 +417,19 @@ def split_comparisons(prompts: list[str], eval_fraction: float, seed: int) -> tu
             [i for i, p in enumerate(prompts) if p in held_out])
 
 
+def end_token_of(tokenizer, args: Args) -> str:
+    """detail 36: what is appended to every text before it is scored: the EOS, or nothing (--readout last)."""
+    return "" if args.readout == "last" else tokenizer.eos_token
+
+
 @torch.inference_mode()
 def score_in_chunks(reward_model, tokenizer, comparisons: list[dict], args: Args, device) -> torch.Tensor:
     """The scores of the comparisons' texts (texts_of), forward_batch_size at a time, without gradients."""
     chunk, end_token = args.forward_batch_size, end_token_of(tokenizer, args)
-    texts, starts = texts_of(comparisons, args)
+    texts, starts = texts_of(comparisons)
+    mean = args.readout == "mean"  # only the mean readout needs where each response starts
     return torch.cat([score_texts(reward_model, tokenizer, texts[i : i + chunk], end_token, args.max_length,
-                                  device, None if starts is None else starts[i : i + chunk])
+                                  device, starts[i : i + chunk] if mean else None)
                       for i in range(0, len(texts), chunk)])
 
 
@@ -487,6 +479,12 @@ def cross_validated_l2(chosen_features: torch.Tensor, rejected_features: torch.T
     return max(l2s, key=accuracies.__getitem__), accuracies
 
 
+def print_held_out_summary(eval_stats: dict, gold_accuracy, num_comparisons: int, num_prompts: int) -> None:
+    gold = f", the gold labeler's {gold_accuracy:.3f}" if gold_accuracy is not None else ""
+    print(f"held-out accuracy {eval_stats['accuracy']:.3f} on {num_comparisons} comparisons of {num_prompts} "
+          f"prompts{gold}")
+
+
 def check_args(args: Args) -> None:
     """Validate the arguments and compute the derived sizes; fail before any model is loaded."""
 
@@ -496,16 +494,19 @@ def check_args(args: Args) -> None:
                 flag = "--" + name.replace("_", "-")
                 raise SystemExit(f"error: {flag} must be {requirement} (got {getattr(args, name)})")
 
-    require(("num_comparisons", "max_query_length", "response_length", "num_epochs", "batch_size",
-             "gradient_accumulation_steps", "forward_batch_size", "num_threads"),
-            lambda v: v >= 1, "at least 1")
-    require(("max_length", "probe_folds"), lambda v: v >= 2, "at least 2")
+    require(("max_query_length", "response_length", "num_epochs", "batch_size", "gradient_accumulation_steps",
+             "forward_batch_size", "num_threads"), lambda v: v >= 1, "at least 1")
+    require(("max_length",), lambda v: v >= 2, "at least 2")
     require(("eval_every",), lambda v: v >= 0, "at least 0")
-    require(("gold_beta", "temperature", "learning_rate", "head_learning_rate", "max_grad_norm"),
-            lambda v: v is None or v > 0 and math.isfinite(v), "positive")
+    require(("temperature", "learning_rate", "max_grad_norm"), lambda v: v > 0 and math.isfinite(v),
+            "positive")
+    require(("eval_fraction",), lambda v: 0 < v < 1, "between 0 and 1 (exclusive)")
+    require(("num_comparisons",), lambda v: v >= 1, "at least 1")
+    require(("probe_folds",), lambda v: v >= 2, "at least 2")
+    require(("gold_beta", "head_learning_rate"), lambda v: v is None or v > 0 and math.isfinite(v),
+            "positive")
     require(("probe_l2",), lambda v: len(v) >= 1 and all(x >= 0 and math.isfinite(x) for x in v),
             "one or more numbers, each at least 0")
-    require(("eval_fraction",), lambda v: 0 < v < 1, "between 0 and 1 (exclusive)")
     require(("readout",), lambda v: v in ("mean", "end", "last"), "`mean`, `end` or `last`")
     if not 0 <= args.min_response_length < args.response_length:
         raise SystemExit(f"error: --min-response-length {args.min_response_length} must be at least 0 and "
@@ -518,33 +519,32 @@ def check_args(args: Args) -> None:
         raise SystemExit("error: --stop-token must be `eos` or a single-token string such as `.`")
     if args.model_name.startswith(("/", ".", "~")) and not os.path.isdir(os.path.expanduser(args.model_name)):
         raise SystemExit(f"error: --model-name {args.model_name}: no such directory")
-    if args.gold is None:
-        if args.preferences is None:
-            raise SystemExit("error: --preferences: pass a JSONL file of comparisons, or --gold vader (or "
-                             "length, or a classifier folder) to sample and label them")
-        if not os.path.isfile(args.preferences):
-            raise SystemExit(f"error: --preferences {args.preferences}: no such file")
-        if args.prompts_file is not None or args.preferences_only:
-            flag = "--prompts-file" if args.prompts_file is not None else "--preferences-only"
-            raise SystemExit(f"error: {flag}: only --gold samples responses to prompts; add --gold")
-        return
-    if args.preferences is not None:
+    if args.gold is not None and args.preferences is not None:
         raise SystemExit(f"error: --preferences {args.preferences}: --gold writes its own comparisons to "
                          "<run dir>/preferences.jsonl; pass one or the other")
+    if args.gold is None and args.preferences is None:
+        raise SystemExit("error: --preferences: pass a JSONL file of comparisons, or --gold vader (or "
+                         "length, or a classifier folder) to sample and label them")
+    if args.preferences is not None and not os.path.isfile(args.preferences):
+        raise SystemExit(f"error: --preferences {args.preferences}: no such file")
     if args.gold == "vader" and importlib.util.find_spec("vaderSentiment") is None:
         raise SystemExit("error: --gold vader needs the vaderSentiment package (pip install vaderSentiment)")
-    if args.gold not in ("vader", "length") and not os.path.isdir(os.path.expanduser(args.gold)):
+    if args.gold not in (None, "vader", "length") and not os.path.isdir(os.path.expanduser(args.gold)):
         raise SystemExit(f"error: --gold {args.gold}: not `vader`, `length` or a sequence-classifier folder")
+    if args.gold is None and (args.prompts_file is not None or args.preferences_only):
+        flag = "--prompts-file" if args.prompts_file is not None else "--preferences-only"
+        raise SystemExit(f"error: {flag}: only --gold samples responses to prompts; add --gold")
     if args.prompts_file is not None and not os.path.isfile(args.prompts_file):
         raise SystemExit(f"error: --prompts-file {args.prompts_file}: no such file")
-    check_split(load_gold_prompts(args), args.num_comparisons, args)
+    if args.gold is not None:
+        check_split(load_gold_prompts(args), args)
 
 
-def check_split(prompts: list[str], num_comparisons: int, args: Args) -> None:
+def check_split(prompts: list[str], args: Args) -> None:
     """Stop if the split by prompt leaves no training prompt, fewer than two to cross-validate the probe on
-    (detail 45; fewer than --probe-folds make one fold each), or
-    fewer training comparisons than a batch: the comparisons of a file (num_comparisons = len(prompts)), or
-    with --gold about as many as expected from num_comparisons drawn from these prompts."""
+    (detail 45; fewer than --probe-folds make one fold each), or fewer training comparisons than a batch: the
+    prompts are a file's (one per comparison), or --gold's, from which --num-comparisons are drawn (so about
+    as many are expected)."""
     train, _ = split_comparisons(prompts, args.eval_fraction, args.seed)
     if not train:
         raise SystemExit(f"error: --eval-fraction {args.eval_fraction} holds out all {len(set(prompts))} "
@@ -553,6 +553,7 @@ def check_split(prompts: list[str], num_comparisons: int, args: Args) -> None:
     if args.probe and len(args.probe_l2) > 1 and num_train_prompts < 2:
         raise SystemExit(f"error: --probe-l2: {len(args.probe_l2)} values cannot be cross-validated on "
                          f"{num_train_prompts} training prompt; pass one --probe-l2, or use more prompts")
+    num_comparisons = args.num_comparisons if args.gold else len(prompts)
     num_train = round(len(train) * num_comparisons / len(prompts))
     about = "" if num_comparisons == len(prompts) else "about "
     if num_train < args.batch_size:
@@ -575,7 +576,9 @@ def check_end_token(tokenizer, args: Args) -> None:
 
 def write_held_out_scores(indices: list[int], margins: list[float], run_dir: str) -> str:
     """<run dir>/held_out_scores.jsonl: the held-out comparisons (0-based lines of the preference file) and
-    their margins chosen_scores - rejected_scores, for benchmarks/preference_baselines.py --scores."""
+    their margins, the chosen response's score minus the rejected one's (the reward model's score, DPO's
+    implicit reward), which benchmarks/preference_baselines.py --scores reads."""
+    os.makedirs(run_dir, exist_ok=True)
     path = os.path.join(run_dir, "held_out_scores.jsonl")
     with open(path, "w") as f:
         for index, margin in zip(indices, margins):
@@ -611,7 +614,7 @@ def read_preferences(path: str, args: Args) -> list[dict]:
             comparisons.append(comparison)
     if not comparisons:
         raise SystemExit(f"error: --preferences {path} contains no comparisons")
-    check_split([c["prompt"] for c in comparisons], len(comparisons), args)
+    check_split([c["prompt"] for c in comparisons], args)
     return comparisons
 
 
@@ -702,7 +705,8 @@ def load_reward_model(model_name: str, device: torch.device) -> nn.Module:
 
 
 def load_gold_fn(args: Args, device: torch.device):
-    """The gold scorer standing in for the human labeler: texts (prompt + response) and responses in."""
+    """The gold scorer standing in for the human labeler: texts (prompt + response) and responses in. A
+    classifier folder saved by reward_model_gpt2.py is read as it was trained (its end token and readout)."""
     if args.gold == "length":  # ppo_rlhf_gpt2.py's toy reward: characters of the response, scaled
         return lambda texts, responses: torch.tensor([len(r) / args.response_length for r in responses])
     if args.gold == "vader":
@@ -720,19 +724,18 @@ def load_gold_fn(args: Args, device: torch.device):
     if gold_tokenizer.pad_token is None:
         gold_tokenizer.pad_token = gold_tokenizer.eos_token  # it reads plain text: EOS is a safe pad
     gold_model.config.pad_token_id = gold_tokenizer.pad_token_id
-    reward_bias = getattr(gold_model.config, "reward_bias", 0.0)  # a folder this script saved
-    end_token = getattr(gold_model.config, "reward_end_token", None)  # read as it was trained (detail 36)
+    reward_bias = getattr(gold_model.config, "reward_bias", 0.0)  # a folder reward_model_gpt2.py saved
+    end_token = getattr(gold_model.config, "reward_end_token", None)  # read as it was trained
     mean = getattr(gold_model.config, "reward_readout", None) == "mean"
 
     @torch.inference_mode()
     def gold_fn(texts, responses):
-        if end_token is not None:
-            starts = [len(t) - len(r) for t, r in zip(texts, responses)] if mean else None
-            scores = score_texts(gold_model, gold_tokenizer, texts, end_token, args.max_length, device,
-                                 starts)
-            return scores.float() + reward_bias
-        inputs = gold_tokenizer(texts, padding=True, truncation=True, return_tensors="pt").to(device)
-        return gold_model(**inputs).logits[:, label].float() + reward_bias
+        if end_token is None:
+            inputs = gold_tokenizer(texts, padding=True, truncation=True, return_tensors="pt").to(device)
+            return gold_model(**inputs).logits[:, label].float() + reward_bias
+        starts = [len(t) - len(r) for t, r in zip(texts, responses)] if mean else None
+        scores = score_texts(gold_model, gold_tokenizer, texts, end_token, args.max_length, device, starts)
+        return scores.float() + reward_bias
 
     return gold_fn
 
@@ -756,6 +759,18 @@ def save_reward_model(reward_model: nn.Module, model_name: str, path: str, rewar
 
 # ------------------------------------------------------------------------------------------------------------
 # Generation, skippable: ppo_rlhf_gpt2.py's, copied (no code is shared between the scripts).
+
+
+def sample_responses(policy, prompts: list[str], tokenizer, stop_token_id: int, args: Args, device):
+    """One response to each prompt, sampled as ppo_rlhf_gpt2.py samples: the queries (left-padded, their
+    first tokens cut beyond --max-query-length), the responses truncated after their stop token, the response
+    mask and whether each response stopped."""
+    queries = tokenizer(prompts, padding=True, truncation=True, max_length=args.max_query_length,
+                        return_tensors="pt")["input_ids"].to(device)
+    responses = generate(policy, queries, args.response_length, args.temperature, tokenizer.pad_token_id)
+    responses, response_mask, contain_stop = truncate_after_stop_token(
+        responses, stop_token_id, tokenizer.pad_token_id, args.min_response_length)
+    return queries, responses, response_mask, contain_stop
 
 
 @torch.inference_mode()

@@ -22,16 +22,14 @@ REASONS = {  # name: why its bodies differ (to be made the same, or renamed, whe
     "generate": "the RL files also decode greedily and return the log-probs; the others sample only",
     "model_inputs": "two contracts: (ids, pad id) in the RL files, (ids, attention mask) in the others, which "
                     "pad on the right too; to be made one",
-    "load_tokenizer": "padding side and the reward model's end token differ by script",
+    "load_tokenizer": "the RL files' also return the pad id (the reward model's and DPO's are one body)",
     "load_policy": "the RL files check the config first and name --eval-checkpoint in errors",
     "save_policy": "DPO's always writes sampling.json; to be made the RL files'",
-    "scale_logits": "the comment of detail 23 sits in the docstring in DPO's; to be made the same",
-    "load_gold_fn": "DPO's scores samples with the gold, the reward model's labels pairs",
+    "load_gold_fn": "a reward-model folder as gold: the reward model reads it with its own score_texts, DPO "
+                    "as the RL files' reward function does",
     "print_held_out_summary": "each script prints its own held-out numbers",
-    "check_split": "the reward model also checks the probe's folds and --gold's expected counts",
-    "read_preferences": "check_split's signature differs (above)",
-    "texts_of": "DPO appends an end token and returns the response starts always",
-    "write_held_out_scores": "the docstrings name the margin each writes (implicit reward or score)",
+    "check_split": "the reward model also checks the probe's folds and --gold's expected counts; DPO splits "
+                   "with --split-seed",
     "score_normalization": "PPO normalizes the reward model's scores on the policy's samples, the reward model "
                            "its own, saved in its folder (detail 31 either way)",
 }
