@@ -2,6 +2,7 @@
 import copy
 import glob
 import inspect
+import json
 import os
 import signal
 import subprocess
@@ -26,6 +27,15 @@ def _read_events(run_dir):
     acc = EventAccumulator(event_file, size_guidance={"scalars": 0, "tensors": 0})
     acc.Reload()
     return acc
+
+
+def read_scalars(run_dir):
+    """Every scalar series of the TensorBoard events in run_dir: {tag: [value, ...]}."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    return {tag: [e.value for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
 
 
 @pytest.fixture
@@ -99,6 +109,59 @@ def interrupted_evaluation(monkeypatch):
 
 
 @pytest.fixture
+def interrupted_save(monkeypatch):
+    """`interrupted_save(model_class, main, args)`: main(args) with a Ctrl-C (KeyboardInterrupt) raised as
+    --save-model writes a model_class; the run must return normally. Returns its result and the number of saves
+    tried."""
+
+    def run(model_class, main, args):
+        tries = 0
+
+        def save_pretrained(self, *a, **kw):
+            nonlocal tries
+            tries += 1
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(model_class, "save_pretrained", save_pretrained)
+        try:
+            return main(args), tries
+        except KeyboardInterrupt:  # would otherwise stop the whole pytest session
+            pytest.fail("a Ctrl-C while saving escaped main() instead of ending the run cleanly")
+
+    return run
+
+
+@pytest.fixture
+def interrupted_generation(monkeypatch):
+    """`interrupted_generation(module, args, calls)`: an RL file's module.main(args) with a Ctrl-C
+    (KeyboardInterrupt) raised from module.generate's call number `calls`, the second iteration's: the run
+    returns normally, having generated `calls` times, with its first iteration in the closed TensorBoard file,
+    and --save-model still saves the policy as trained so far (it differs from args.model_name's)."""
+    from transformers import AutoModelForCausalLM
+
+    def run(module, args, calls):
+        real_generate, made = module.generate, 0
+
+        def generate(*a, **kw):
+            nonlocal made
+            made += 1
+            if made == calls:
+                raise KeyboardInterrupt
+            return real_generate(*a, **kw)
+
+        monkeypatch.setattr(module, "generate", generate)
+        stats = module.main(args)
+        assert made == calls
+        scores = [e.value for e in _read_events(stats["run_dir"]).Scalars("objective/scores")]
+        assert scores == [pytest.approx(stats["objective/scores"])]
+        saved = AutoModelForCausalLM.from_pretrained(Path(stats["run_dir"]) / "model")
+        initial = AutoModelForCausalLM.from_pretrained(args.model_name)
+        assert any(not torch.equal(a, b) for a, b in zip(saved.parameters(), initial.parameters()))
+
+    return run
+
+
+@pytest.fixture
 def checkpoint_reevaluates(tmp_path):
     """Evaluate a short run's saved agent.pt with `--eval-checkpoint`: same weights, same evaluation seeds
     and the deterministic policy must give the returns measured right after training, and nothing is
@@ -167,6 +230,31 @@ def fails_fast(tmp_path):
             module.main(small_args(runs_dir, **kw))
         assert "\n" not in str(excinfo.value)
         assert not runs_dir.exists()
+
+    return check
+
+
+@pytest.fixture
+def fails_before_loading(tmp_path, monkeypatch):
+    """A language-model script's `module.main(make_args(**overrides))` with bad input stops with a one-line
+    `error: ...` matching `message`, before a model or tokenizer is loaded (module.from_pretrained fails the test)
+    and before the run directory tmp_path/runs exists. The `bad_files` ({name: (text, message)}) are written to
+    tmp_path first, and --preferences naming one of them reads it."""
+
+    def check(module, make_args, bad_files, overrides, message):
+        for name, (text, _) in bad_files.items():
+            (tmp_path / name).write_bytes(text.encode("latin-1" if name == "latin1" else "utf-8"))
+        if overrides.get("preferences") in bad_files:
+            overrides["preferences"] = str(tmp_path / overrides["preferences"])
+
+        def no_loading(*a, **kw):
+            raise AssertionError("a model or tokenizer was loaded before the error")
+
+        monkeypatch.setattr(module, "from_pretrained", no_loading)
+        with pytest.raises(SystemExit, match=f"^error: .*{message}") as error:
+            module.main(make_args(**overrides))
+        assert "\n" not in str(error.value)
+        assert not (tmp_path / "runs").exists()
 
     return check
 
@@ -503,28 +591,40 @@ def check_ppo_update_wiring(watch, args, norm_adv, logprob_atol):
 
 
 EOS = "<|endoftext|>"
+# reviews the tiny tokenizers also learn from, beside the prompts
+REVIEWS = ["It was great. I loved it. The best film of the year.", "Terrible acting, an awful plot. A bad movie.",
+           "Some scenes work. Others do not."]
+
+
+def byte_level_bpe(texts, vocab_size):
+    """A byte-level BPE tokenizer (GPT-2's kind) of vocab_size tokens trained on `texts`, EOS its one special
+    token: the tokenizers.Tokenizer, and it wrapped for transformers with EOS as its bos, eos and unk token (and no
+    pad token, like GPT-2's)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.train_from_iterator(texts, trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=[EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False))
+    return tokenizer, PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=EOS, eos_token=EOS,
+                                              unk_token=EOS)
 
 
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory):
     """For the RLHF files' tests: a tiny GPT-2 policy (with dropout in its config, sdpa attention, no pad token,
     like GPT-2), and a tiny sequence-classification reward model, saved to a temporary directory."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer
     from transformers import (GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel, LlamaConfig,
                               LlamaForCausalLM, PreTrainedTokenizerFast)
 
     import ppo_rlhf_gpt2 as rlhf
 
     root = tmp_path_factory.mktemp("tiny_models")
-    texts = rlhf.PROMPTS + ["It was great. I loved it. The best film of the year.",
-                            "Terrible acting, an awful plot. A bad movie.", "Some scenes work. Others do not."]
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.train_from_iterator(texts, trainers.BpeTrainer(
-        vocab_size=400, special_tokens=[EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False))
-    hf_tokenizer = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=EOS, eos_token=EOS, unk_token=EOS)
+    tokenizer, hf_tokenizer = byte_level_bpe(rlhf.PROMPTS + REVIEWS, 400)
     assert hf_tokenizer.pad_token is None
     eos_id = hf_tokenizer.eos_token_id
 
@@ -688,6 +788,72 @@ def run_torchrun(root: Path, name: str, flags: list, processes: int):
         os.killpg(process.pid, signal.SIGKILL)
         raise
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def check_evaluation_samples_as_saved(module, make_args, tmp_path, capsys, **train_flags):
+    """An RL file's policy trained (module.main(make_args(folder, **flags)), with train_flags) to sample 5 tokens
+    at temperature 1.3, ending at EOS from token 2 on, then evaluated by a command with other sampling flags: the
+    evaluation samples as the policy was trained to (the same responses and scores as the training run's own
+    final evaluation), and says which flags it overrode. Returns the evaluation's result, what it printed, the
+    policy's folder and the sampling flags, for the script's own checks."""
+    trained = dict(response_length=5, min_response_length=2, temperature=1.3, stop_token="eos",
+                   max_query_length=12)
+    stats = module.main(make_args(tmp_path / "train", save_model=True, eval_episodes=6, **train_flags, **trained))
+    model_dir = Path(stats["run_dir"]) / "model"
+    policy = make_args(tmp_path).model_name
+    assert json.loads((model_dir / "sampling.json").read_text()) == {**trained, "model_name": policy}
+    capsys.readouterr()
+    again = module.main(make_args(tmp_path / "eval", eval_checkpoint=str(model_dir), eval_episodes=6))
+    final = stats["eval"]["final"]
+    assert again["eval"]["final"]["samples"] == final["samples"]
+    assert again["eval"]["final"]["raw_scores"] == final["raw_scores"]
+    printed = capsys.readouterr().out
+    for flag, value in [("--response-length", 5), ("--temperature", 1.3), ("--stop-token", "eos"),
+                        ("--min-response-length", 2), ("--max-query-length", 12)]:
+        assert f"{flag} {value}, as saved with the policy" in printed
+    return again, printed, model_dir, trained
+
+
+def run_one_and_two_processes(root, flags):
+    """run_torchrun with the flags in one process (in root/one) and in two (root/two); each must succeed."""
+    for name, processes in (("one", 1), ("two", 2)):
+        result = run_torchrun(root, name, flags, processes)
+        assert result.returncode == 0, result.stderr[-3000:]
+
+
+# The driver scripts of the RL files' torchrun tests (DRIVER in test_ppo_rlhf_gpt2.py and test_grpo_gpt2.py) import
+# their script as `script` and share these lines (filled in by torchrun_folder): the end of their stand-in for
+# generate, its responses scored by the policy (their log-probs recomputed), and the gradient norm of each
+# optimizer step, before clipping, recorded in `norms` by record_norm.
+DRIVER_LINES = {
+    "scored_responses": """    responses = torch.stack(rows).to(queries.device)
+    logits = script.response_logits(policy, torch.cat([queries, responses], 1), queries.shape[1], temperature,
+                                    pad_token_id)
+    return responses, script.gather_logprobs(logits, responses)""",
+    "recorded_norms": """norms, clip = [], script.nn.utils.clip_grad_norm_
+def record_norm(parameters, max_norm):
+    norms.append(clip(parameters, max_norm).item())
+    return norms[-1]""",
+}
+
+
+def torchrun_folder(tmp_path_factory, script, driver, policy, count):
+    """A folder for a torchrun test of `script` (the module): prompts.txt with the first `count` of script.PROMPTS
+    of the most common token length under the policy's tokenizer (so that one process's queries are padded as in
+    the batch of all), and driver.py, the `driver` template filled with the repository, the tokenizer's size,
+    the id of "." after "x" (a stop token) and DRIVER_LINES. Returns the folder and the prompts."""
+    from transformers import AutoTokenizer
+
+    root = tmp_path_factory.mktemp("torchrun")
+    tokenizer = AutoTokenizer.from_pretrained(policy)
+    lengths = {p: len(tokenizer.encode(p)) for p in script.PROMPTS}
+    common_length = max(set(lengths.values()), key=list(lengths.values()).count)
+    prompts = [p for p in script.PROMPTS if lengths[p] == common_length][:count]
+    (root / "prompts.txt").write_text("\n".join(prompts))
+    stop_id = tokenizer.encode("x.")[-1]
+    (root / "driver.py").write_text(driver.format(repo=str(Path(script.__file__).parent), stop_id=stop_id,
+                                                  vocab_size=len(tokenizer), **DRIVER_LINES))
+    return root, prompts
 
 
 def check_every_quantity_where_it_belongs(events, watch, args, updates_of, by_hand_policy, logprob_atol):

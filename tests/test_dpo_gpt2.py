@@ -427,20 +427,9 @@ BAD_FILES = {
     (dict(eval_fraction=1.0), "--eval-fraction"),
     *[(dict(preferences=name), message) for name, (_, message) in BAD_FILES.items()],
 ])
-def test_bad_input_fails_in_one_line_before_any_model_loads(tiny, tmp_path, monkeypatch, overrides, message):
-    for name, (text, _) in BAD_FILES.items():
-        (tmp_path / name).write_bytes(text.encode("latin-1" if name == "latin1" else "utf-8"))
-    if overrides.get("preferences") in BAD_FILES:
-        overrides["preferences"] = str(tmp_path / overrides["preferences"])
-
-    def no_loading(*a, **kw):
-        raise AssertionError("a model or tokenizer was loaded before the error")
-
-    monkeypatch.setattr(dpo, "from_pretrained", no_loading)
-    with pytest.raises(SystemExit, match=f"^error: .*{message}") as error:
-        dpo.main(tiny_args(tiny, tmp_path, **overrides))
-    assert "\n" not in str(error.value)
-    assert not (tmp_path / "runs").exists()
+def test_bad_input_fails_in_one_line_before_any_model_loads(tiny, tmp_path, fails_before_loading, overrides,
+                                                            message):
+    fails_before_loading(dpo, lambda **kw: tiny_args(tiny, tmp_path, **kw), BAD_FILES, overrides, message)
 
 
 def test_the_batch_check_reads_the_split_main_makes(tiny, tmp_path):

@@ -379,22 +379,14 @@ def overopt_models(tmp_path_factory):
     """A tiny GPT-2 policy and two tiny one-label proxy reward models with a reward_bias, saved with
     save_pretrained (no model hub here), and a file of training prompts with sentiment words."""
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import (GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel,
-                              PreTrainedTokenizerFast)
+    from transformers import GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel
+
+    from conftest import byte_level_bpe
 
     root = tmp_path_factory.mktemp("overopt")
-    eos = "<|endoftext|>"
     texts = OVEROPT_TRAIN_PROMPTS + rlhf_overoptimization.rlhf.EVAL_PROMPTS + [
         "It was great. I loved it, a wonderful film.", "Terrible acting, an awful plot. A bad, sad movie."]
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.train_from_iterator(texts, trainers.BpeTrainer(
-        vocab_size=300, special_tokens=[eos], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False))
-    hf_tokenizer = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=eos, eos_token=eos,
-                                           unk_token=eos)
+    _, hf_tokenizer = byte_level_bpe(texts, 300)
     eos_id = hf_tokenizer.eos_token_id
     torch.manual_seed(0)
     config = dict(vocab_size=len(hf_tokenizer), n_positions=64, n_embd=16, n_layer=1, n_head=2,

@@ -15,14 +15,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2LMHeadModel
+from transformers import AutoModelForCausalLM, GPT2LMHeadModel
 
-from conftest import run_torchrun
+from conftest import check_evaluation_samples_as_saved, read_scalars, run_one_and_two_processes, torchrun_folder
 import grpo_gpt2 as grpo
 import ppo_rlhf_gpt2 as rlhf
-
-EOS = "<|endoftext|>"
 
 
 def tiny_args(tiny, tmp_path, **overrides) -> grpo.Args:
@@ -31,12 +28,6 @@ def tiny_args(tiny, tmp_path, **overrides) -> grpo.Args:
                     total_episodes=16, response_length=8, min_response_length=0, eval_episodes=0)
     defaults.update(overrides)
     return grpo.Args(**defaults)
-
-
-def read_scalars(run_dir) -> dict:
-    events = EventAccumulator(str(run_dir))
-    events.Reload()
-    return {tag: [e.value for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
 
 
 def count_e_reward(args, device):
@@ -663,55 +654,21 @@ def test_arithmetic_evaluation_counts_problems_and_the_checkpoint_reevaluates(ti
     assert "responses to 24 held-out sums (standard errors over them)" in capsys.readouterr().out
 
 
-def test_ctrl_c_keeps_logs_and_saves(tiny, tmp_path, monkeypatch):
-    real_generate, calls = grpo.generate, 0
-
-    def generate(*a, **kw):
-        nonlocal calls
-        calls += 1
-        if calls == 2:  # 1: iteration 1, 2: iteration 2
-            raise KeyboardInterrupt
-        return real_generate(*a, **kw)
-
-    monkeypatch.setattr(grpo, "generate", generate)
-    stats = grpo.main(tiny_args(tiny, tmp_path, total_episodes=24, save_model=True, missing_eos_penalty=None))
-    assert calls == 2
-    assert read_scalars(stats["run_dir"])["objective/scores"] == [pytest.approx(stats["objective/scores"])]
-    saved = AutoModelForCausalLM.from_pretrained(Path(stats["run_dir"]) / "model")
-    initial = AutoModelForCausalLM.from_pretrained(tiny["policy"])
-    assert any(not torch.equal(a, b) for a, b in zip(saved.parameters(), initial.parameters()))
+def test_ctrl_c_keeps_logs_and_saves(tiny, tmp_path, interrupted_generation):
+    # generate's calls: 1 in iteration 1, 2 in iteration 2
+    interrupted_generation(grpo, tiny_args(tiny, tmp_path, total_episodes=24, save_model=True,
+                                           missing_eos_penalty=None), calls=2)
 
 
-def test_ctrl_c_while_saving_closes_the_logs(tiny, tmp_path, monkeypatch):
-    def save_pretrained(self, *a, **kw):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(GPT2LMHeadModel, "save_pretrained", save_pretrained)
-    try:
-        stats = grpo.main(tiny_args(tiny, tmp_path, save_model=True))
-    except KeyboardInterrupt:
-        pytest.fail("a Ctrl-C while saving escaped main() instead of ending the run cleanly")
+def test_ctrl_c_while_saving_closes_the_logs(tiny, tmp_path, interrupted_save):
+    stats, _ = interrupted_save(GPT2LMHeadModel, grpo.main, tiny_args(tiny, tmp_path, save_model=True))
     assert len(read_scalars(stats["run_dir"])["objective/scores"]) == 2
 
 
 def test_eval_checkpoint_samples_with_the_settings_saved_with_the_policy(tiny, tmp_path, capsys):
-    """A policy trained to sample 5 tokens at temperature 1.3, ending at EOS from token 2 on, then evaluated
-    by a command with other sampling flags: the evaluation samples as the policy was trained to (the same
-    responses and scores as the training run's own final evaluation), and says which flags it overrode."""
-    trained = dict(response_length=5, min_response_length=2, temperature=1.3, stop_token="eos",
-                   max_query_length=12)
-    stats = grpo.main(tiny_args(tiny, tmp_path / "train", save_model=True, eval_episodes=6, **trained))
-    model_dir = Path(stats["run_dir"]) / "model"
-    assert json.loads((model_dir / "sampling.json").read_text()) == {**trained, "model_name": tiny["policy"]}
-    capsys.readouterr()
-    again = grpo.main(tiny_args(tiny, tmp_path / "eval", eval_checkpoint=str(model_dir), eval_episodes=6))
-    final = stats["eval"]["final"]
-    assert again["eval"]["final"]["samples"] == final["samples"]
-    assert again["eval"]["final"]["raw_scores"] == final["raw_scores"]
-    printed = capsys.readouterr().out
-    for flag, value in [("--response-length", 5), ("--temperature", 1.3), ("--stop-token", "eos"),
-                        ("--min-response-length", 2), ("--max-query-length", 12)]:
-        assert f"{flag} {value}, as saved with the policy" in printed
+    """check_evaluation_samples_as_saved; then a folder whose sampling.json is broken is refused."""
+    _, _, model_dir, _ = check_evaluation_samples_as_saved(grpo, lambda *a, **kw: tiny_args(tiny, *a, **kw),
+                                                           tmp_path, capsys)
     (model_dir / "sampling.json").write_text("{not json")
     with pytest.raises(SystemExit, match="--eval-checkpoint .*: not a policy saved by --save-model"):
         grpo.main(tiny_args(tiny, tmp_path / "bad", eval_checkpoint=str(model_dir)))
@@ -730,6 +687,7 @@ import copy, json, os, sys
 import torch, tyro
 sys.path.insert(0, {repo!r})
 import grpo_gpt2 as grpo
+script = grpo
 
 args = tyro.cli(grpo.Args)
 
@@ -745,15 +703,9 @@ def generate(policy, queries, response_length, temperature, pad_token_id, greedy
         row = torch.randint(0, {vocab_size}, (response_length,), generator=generator)
         row[(sum(query) + place) % response_length] = {stop_id}
         rows.append(row)
-    responses = torch.stack(rows).to(queries.device)
-    logits = grpo.response_logits(policy, torch.cat([queries, responses], 1), queries.shape[1], temperature,
-                                  pad_token_id)
-    return responses, grpo.gather_logprobs(logits, responses)
+{scored_responses}
 
-norms, clip = [], grpo.nn.utils.clip_grad_norm_
-def record_norm(parameters, max_norm):
-    norms.append(clip(parameters, max_norm).item())
-    return norms[-1]
+{recorded_norms}
 
 # one process group for both runs (torchrun's rendezvous serves one): joined once, left at the end
 destroy, init = torch.distributed.destroy_process_group, grpo.init_process_group
@@ -779,15 +731,7 @@ def torchrun_case(tiny, tmp_path_factory):
     """The driver script and flags: 2 prompts of the same token length (so that one process's query is padded
     as in the batch of both), one iteration of 2 groups of 4, two passes over one minibatch of two
     accumulated micro-batches, the corrected k3 at beta 0.1 (a reference on every process)."""
-    root = tmp_path_factory.mktemp("torchrun")
-    tokenizer = AutoTokenizer.from_pretrained(tiny["policy"])
-    lengths = {p: len(tokenizer.encode(p)) for p in grpo.PROMPTS}
-    common_length = max(set(lengths.values()), key=list(lengths.values()).count)
-    prompts = [p for p in grpo.PROMPTS if lengths[p] == common_length][:2]
-    (root / "prompts.txt").write_text("\n".join(prompts))
-    stop_id = tokenizer.encode("x.")[-1]
-    (root / "driver.py").write_text(DRIVER.format(repo=str(Path(grpo.__file__).parent), stop_id=stop_id,
-                                                     vocab_size=len(tokenizer)))
+    root, _ = torchrun_folder(tmp_path_factory, grpo, DRIVER, tiny["policy"], 2)
     flags = ["--model-name", tiny["policy"], "--reward-model", "length", "--no-cuda", "--prompts-file",
              str(root / "prompts.txt"), "--batch-size", "8", "--num-generations", "4", "--num-minibatches", "1",
              "--update-epochs", "2", "--gradient-accumulation-steps", "2", "--total-episodes", "8",
@@ -801,9 +745,7 @@ def test_torchrun_two_processes_make_the_update_of_one_process(torchrun_case):
     (grpo) or T (dapo) over both processes, the gradients averaged by DDP. A per-process N or T, or a
     gradient off by the number of processes, changes the gradient norm below (Adam alone would hide it)."""
     root, flags = torchrun_case
-    for name, processes in (("one", 1), ("two", 2)):
-        result = run_torchrun(root, name, flags, processes)
-        assert result.returncode == 0, result.stderr[-3000:]
+    run_one_and_two_processes(root, flags)
     # each process samples from its own random stream (seed + rank), not a copy of the other's
     draws = [json.loads((root / "two" / "runs" / f"draws_{rank}.json").read_text()) for rank in (0, 1)]
     assert len(draws[0]) == len(draws[1]) >= 1 and draws[0][0] != draws[1][0]

@@ -24,10 +24,9 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2F
 from transformers.activations import GELUTanh
 from transformers.models.gpt2.modeling_gpt2 import GPT2MLP
 
-from conftest import run_torchrun
+from conftest import (EOS, check_evaluation_samples_as_saved, read_scalars, run_one_and_two_processes,
+                      run_torchrun, torchrun_folder)
 import ppo_rlhf_gpt2 as rlhf
-
-EOS = "<|endoftext|>"
 
 
 def tiny_args(tiny, tmp_path, **overrides) -> rlhf.Args:
@@ -36,12 +35,6 @@ def tiny_args(tiny, tmp_path, **overrides) -> rlhf.Args:
                     norm_batches=1, min_response_length=0, eval_episodes=0)
     defaults.update(overrides)
     return rlhf.Args(**defaults)
-
-
-def read_scalars(run_dir) -> dict:
-    events = EventAccumulator(str(run_dir))
-    events.Reload()
-    return {tag: [e.value for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
 
 
 # ---------------------------------------------------------------------------------------------- arguments
@@ -461,42 +454,15 @@ def assert_usable_as_saved(model_dir):
     assert output.shape == (2, batch["input_ids"].shape[1] + 4)
 
 
-def test_ctrl_c_keeps_logs_and_saves(tiny, tmp_path, monkeypatch):
-    # a Ctrl-C (KeyboardInterrupt) while the second iteration generates: the run returns normally, its first
-    # iteration is in the closed TensorBoard file, and --save-model still saves the policy as trained so far
-    real_generate, calls = rlhf.generate, 0
-
-    def generate(*a, **kw):
-        nonlocal calls
-        calls += 1
-        if calls == 3:  # 1: the score statistics (norm_batches=1), 2: iteration 1, 3: iteration 2
-            raise KeyboardInterrupt
-        return real_generate(*a, **kw)
-
-    monkeypatch.setattr(rlhf, "generate", generate)
-    stats = rlhf.main(tiny_args(tiny, tmp_path, total_episodes=24, save_model=True))
-    assert calls == 3
-    assert read_scalars(stats["run_dir"])["objective/scores"] == [pytest.approx(stats["objective/scores"])]
-    saved = AutoModelForCausalLM.from_pretrained(Path(stats["run_dir"]) / "model")
-    initial = AutoModelForCausalLM.from_pretrained(tiny["policy"])
-    assert any(not torch.equal(a, b) for a, b in zip(saved.parameters(), initial.parameters()))
+def test_ctrl_c_keeps_logs_and_saves(tiny, tmp_path, interrupted_generation):
+    # generate's calls: 1 for the score statistics (norm_batches=1), 2 in iteration 1, 3 in iteration 2
+    interrupted_generation(rlhf, tiny_args(tiny, tmp_path, total_episodes=24, save_model=True), calls=3)
 
 
-def test_ctrl_c_while_saving_closes_the_logs(tiny, tmp_path, monkeypatch):
+def test_ctrl_c_while_saving_closes_the_logs(tiny, tmp_path, interrupted_save):
     # a Ctrl-C while --save-model writes the policy: the run returns normally and both iterations are in the
     # closed TensorBoard file (the writer flushes only every 120 s unless closed)
-    calls = 0
-
-    def save_pretrained(self, *a, **kw):
-        nonlocal calls
-        calls += 1
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(GPT2LMHeadModel, "save_pretrained", save_pretrained)
-    try:
-        stats = rlhf.main(tiny_args(tiny, tmp_path, save_model=True))
-    except KeyboardInterrupt:  # would otherwise stop the whole pytest session
-        pytest.fail("a Ctrl-C while saving escaped main() instead of ending the run cleanly")
+    stats, calls = interrupted_save(GPT2LMHeadModel, rlhf.main, tiny_args(tiny, tmp_path, save_model=True))
     assert calls == 1
     scores = read_scalars(stats["run_dir"])["objective/scores"]
     assert len(scores) == 2 and scores[-1] == pytest.approx(stats["objective/scores"])
@@ -1119,6 +1085,7 @@ import json, os, sys
 import torch, tyro
 sys.path.insert(0, {repo!r})
 import ppo_rlhf_gpt2 as rlhf
+script = rlhf
 
 draws = []  # this process's next draw from the global stream at each sampling: processes must draw apart
 
@@ -1131,15 +1098,9 @@ def generate(policy, queries, response_length, temperature, pad_token_id, greedy
         row = torch.randint(0, {vocab_size}, (response_length,), generator=generator)
         row[sum(query) % response_length] = {stop_id}
         rows.append(row)
-    responses = torch.stack(rows).to(queries.device)
-    logits = rlhf.response_logits(policy, torch.cat([queries, responses], 1), queries.shape[1], temperature,
-                                  pad_token_id)
-    return responses, rlhf.gather_logprobs(logits, responses)
+{scored_responses}
 
-norms, clip = [], rlhf.nn.utils.clip_grad_norm_
-def record_norm(parameters, max_norm):
-    norms.append(clip(parameters, max_norm).item())
-    return norms[-1]
+{recorded_norms}
 
 rlhf.generate, rlhf.nn.utils.clip_grad_norm_ = generate, record_norm
 args = tyro.cli(rlhf.Args)
@@ -1155,16 +1116,8 @@ with open(os.path.join(args.runs_dir, "..", f"draws_{{args.rank}}.json"), "w") a
 def torchrun_case(tiny, tmp_path_factory):
     """The driver script and flags: 8 prompts of the same token length (so that a batch of 4 is padded as
     the batch of 8), one iteration, two epochs over one minibatch of two accumulated micro-batches."""
-    root = tmp_path_factory.mktemp("torchrun")
-    tokenizer = AutoTokenizer.from_pretrained(tiny["policy"])
-    lengths = {p: len(tokenizer.encode(p)) for p in rlhf.PROMPTS}
-    common_length = max(set(lengths.values()), key=list(lengths.values()).count)
-    prompts = [p for p in rlhf.PROMPTS if lengths[p] == common_length][:8]
+    root, prompts = torchrun_folder(tmp_path_factory, rlhf, DRIVER, tiny["policy"], 8)
     assert len(prompts) == 8
-    (root / "prompts.txt").write_text("\n".join(prompts))
-    stop_id = tokenizer.encode("x.")[-1]
-    (root / "driver.py").write_text(DRIVER.format(repo=str(Path(rlhf.__file__).parent), stop_id=stop_id,
-                                                     vocab_size=len(tokenizer)))
     flags = ["--model-name", tiny["policy"], "--reward-model", "length", "--no-cuda", "--prompts-file",
              str(root / "prompts.txt"), "--batch-size", "8", "--num-minibatches", "1", "--update-epochs", "2",
              "--gradient-accumulation-steps", "2", "--total-episodes", "8", "--response-length", "8",
@@ -1178,9 +1131,7 @@ def test_torchrun_two_processes_make_the_update_of_one_process(torchrun_case):
     advantage whitening and the token weighting of the loss computed over both processes, the gradients
     averaged by DDP. Each of these, done per process, changes the weights or the gradient norm below."""
     root, flags = torchrun_case
-    for name, processes in (("one", 1), ("two", 2)):
-        result = run_torchrun(root, name, flags, processes)
-        assert result.returncode == 0, result.stderr[-3000:]
+    run_one_and_two_processes(root, flags)
     run_dirs = {name: list((root / name / "runs").iterdir()) for name in ("one", "two")}
     assert [len(d) for d in run_dirs.values()] == [1, 1]  # process 1 writes no run folder of its own
     run_dirs = {name: d[0] for name, d in run_dirs.items()}
@@ -1551,24 +1502,10 @@ def test_arithmetic_split_is_the_published_one_and_three_digits_start_at_100():
 
 
 def test_eval_checkpoint_samples_with_the_settings_saved_with_the_policy(tiny, tmp_path, capsys):
-    """A policy trained to sample 5 tokens at temperature 1.3, ending at EOS from token 2 on, then evaluated
-    by a command with other sampling flags: the evaluation samples as the policy was trained to (the same
-    responses and scores as the training run's own final evaluation), and says which flags it overrode."""
-    trained = dict(response_length=5, min_response_length=2, temperature=1.3, stop_token="eos",
-                   max_query_length=12)
-    stats = rlhf.main(tiny_args(tiny, tmp_path / "train", save_model=True, eval_episodes=6, learning_rate=3e-3,
-                                **trained))
-    model_dir = Path(stats["run_dir"]) / "model"
-    assert json.loads((model_dir / "sampling.json").read_text()) == {**trained, "model_name": tiny["policy"]}
-    capsys.readouterr()
-    again = rlhf.main(tiny_args(tiny, tmp_path / "eval", eval_checkpoint=str(model_dir), eval_episodes=6))
-    final = stats["eval"]["final"]
-    assert again["eval"]["final"]["samples"] == final["samples"]
-    assert again["eval"]["final"]["raw_scores"] == final["raw_scores"]
-    printed = capsys.readouterr().out
-    for flag, value in [("--response-length", 5), ("--temperature", 1.3), ("--stop-token", "eos"),
-                        ("--min-response-length", 2), ("--max-query-length", 12)]:
-        assert f"{flag} {value}, as saved with the policy" in printed
+    """check_evaluation_samples_as_saved (trained at learning rate 3e-3), with the KL to the starting model;
+    then a folder that names no starting model, and one whose sampling.json is broken."""
+    again, printed, model_dir, trained = check_evaluation_samples_as_saved(
+        rlhf, lambda *a, **kw: tiny_args(tiny, *a, **kw), tmp_path, capsys, learning_rate=3e-3)
     # the KL to the starting model its sampling.json names, and which prompts were scored
     assert f"responses to 6 held-out prompts (standard errors over them)" in printed
     assert f"KL to {tiny['policy']} {again['eval']['final']['kl_mean']:.3f} +- " in printed

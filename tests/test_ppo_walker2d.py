@@ -11,14 +11,13 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import ppo_walker2d as P
 from conftest import (PPO_ONLY_TAGS, SHARED_TAGS, GymPPOScriptTests, bootstrap_values, cartpole_agent_pt,
                       check_every_quantity_where_it_belongs, check_gae_against_the_explicit_sum,
                       check_logged_episodes, check_orthogonal_mlp, check_ppo_steps_apply_the_clipped_gradient,
                       check_same_step_autoreset, check_the_budget_is_said, each_bad_value, minibatches_of,
-                      mlp_by_hand, played_by_hand, random_rollout, rollout_rows_from, tanh_mlp,
+                      mlp_by_hand, played_by_hand, random_rollout, read_scalars, rollout_rows_from, tanh_mlp,
                       unusable_checkpoint, value_of)
 
 torch.set_num_threads(1)
@@ -460,12 +459,6 @@ def test_each_step_applies_the_clipped_gradient_of_the_loss_to_every_parameter(t
     minibatches = [(rows, mb) for rows, update in watched_minibatches(watch, args) for mb in update]
     check_ppo_steps_apply_the_clipped_gradient(P, args, optimizer_steps, minibatches, by_hand_policy, torch.float32,
                                                (("actor_mean.", "actor_logstd"), ("actor_logstd",), ("critic.",)))
-
-
-def read_scalars(run_dir):
-    accumulator = EventAccumulator(run_dir)
-    accumulator.Reload()
-    return {tag: [event.value for event in accumulator.Scalars(tag)] for tag in accumulator.Tags()["scalars"]}
 
 
 def test_short_run_logs_the_tags_and_its_checkpoint_evaluates_the_same(tmp_path):

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import (AutoModelForSequenceClassification, AutoTokenizer, GPT2Config,
                           GPT2ForSequenceClassification, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
                           PreTrainedTokenizerFast)
@@ -25,8 +25,8 @@ from tyro._docstrings import get_field_docstring
 import grpo_gpt2
 import ppo_rlhf_gpt2 as rlhf
 import reward_model_gpt2 as rm
+from conftest import EOS, REVIEWS, byte_level_bpe
 
-EOS = "<|endoftext|>"
 CPU = torch.device("cpu")
 
 
@@ -35,16 +35,7 @@ def tiny(tmp_path_factory):
     """A tiny GPT-2 policy (dropout in its config, no pad token, like GPT-2) saved to a temporary folder."""
     torch.set_num_threads(1)  # as the script's runs: two threads on two busy cores are many times slower
     root = tmp_path_factory.mktemp("tiny_reward_models")
-    texts = rm.PROMPTS + ["It was great. I loved it. The best film of the year.",
-                          "Terrible acting, an awful plot. A bad movie.", "Some scenes work. Others do not."]
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.train_from_iterator(texts, trainers.BpeTrainer(
-        vocab_size=400, special_tokens=[EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False))
-    hf_tokenizer = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=EOS, eos_token=EOS,
-                                           unk_token=EOS)
+    tokenizer, hf_tokenizer = byte_level_bpe(rm.PROMPTS + REVIEWS, 400)
     eos_id = hf_tokenizer.eos_token_id
     torch.manual_seed(0)
     config = GPT2Config(vocab_size=len(hf_tokenizer), n_positions=128, n_embd=32, n_layer=2, n_head=2,
@@ -1038,20 +1029,8 @@ BAD_FILES = {
     (dict(gold=None, preferences=__file__, prompts_file=__file__), "--prompts-file: only --gold"),
     *[(dict(gold=None, preferences=name), message) for name, (_, message) in BAD_FILES.items()],
 ])
-def test_bad_input_fails_before_any_model_loads(tiny, tmp_path, monkeypatch, overrides, message):
-    for name, (text, _) in BAD_FILES.items():
-        (tmp_path / name).write_bytes(text.encode("latin-1" if name == "latin1" else "utf-8"))
-    if overrides.get("preferences") in BAD_FILES:
-        overrides["preferences"] = str(tmp_path / overrides["preferences"])
-
-    def no_loading(*a, **kw):
-        raise AssertionError("a model or tokenizer was loaded before the error")
-
-    monkeypatch.setattr(rm, "from_pretrained", no_loading)
-    with pytest.raises(SystemExit, match=f"^error: .*{message}") as error:
-        rm.main(tiny_args(tiny, tmp_path, **overrides))
-    assert "\n" not in str(error.value)
-    assert not (tmp_path / "runs").exists()
+def test_bad_input_fails_before_any_model_loads(tiny, tmp_path, fails_before_loading, overrides, message):
+    fails_before_loading(rm, lambda **kw: tiny_args(tiny, tmp_path, **kw), BAD_FILES, overrides, message)
 
 
 def test_fewer_training_prompts_than_folds_make_one_fold_each_and_say_so(tiny, tmp_path, capsys):
@@ -1166,15 +1145,8 @@ def test_ctrl_c_during_the_probe_keeps_the_logs(tiny, tmp_path, monkeypatch):
     assert len(read_lines(result["preferences"])) == 32
 
 
-def test_ctrl_c_while_saving_closes_the_logs(tiny, tmp_path, monkeypatch):
-    def save_pretrained(self, *a, **kw):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(GPT2ForSequenceClassification, "save_pretrained", save_pretrained)
-    try:
-        result = rm.main(tiny_args(tiny, tmp_path, save_model=True))
-    except KeyboardInterrupt:
-        pytest.fail("a Ctrl-C while saving escaped main() instead of ending the run cleanly")
+def test_ctrl_c_while_saving_closes_the_logs(tiny, tmp_path, interrupted_save):
+    result, _ = interrupted_save(GPT2ForSequenceClassification, rm.main, tiny_args(tiny, tmp_path, save_model=True))
     assert len(read_scalars(result["run_dir"])["losses/reward_loss"]) == result["steps"] == 3
 
 
