@@ -5,7 +5,7 @@ mutmut changes one operator, constant, argument or call at a time in a function 
 do not fail on survives. This tool applies it to one script at a time, to the functions the fast unit tests
 are for:
   - mutated: every function and method defined above the script's "# Plumbing" line, except main() (its glue
-    is what the hand-written mutants of benchmarks/mutants/ and mutation_check.py cover) and the decorated
+    is what the hand-written mutants of tests/mutants/ and mutation_check.py cover) and the decorated
     functions, which mutmut never mutates (generate and evaluate in the RLHF file: listed as skipped);
   - not mutated: main(), and below the "# Plumbing" line the argument checks, loading, saving and evaluation
     of a saved agent (tested by the bad-argument and round-trip tests, which run main());

@@ -3,7 +3,7 @@ format, and the command that runs them (mutation_check.py itself takes only the 
 the top-level files, tests/ and docs/, and names a script by its stem; the leading "_" keeps this file out of
 its lists).
 
-    python benchmarks/mutants/_experiments.py [--mutants TEXT] [--jobs N] [--list]
+    python tests/mutants/_experiments.py [--mutants TEXT] [--jobs N] [--list]
 
 runs mutation_check.py's own loop over the mutants below, in copies of the repository that also hold
 experiments/*.py and benchmarks/*.py (what the experiments import), not experiments/runs/ or benchmarks/runs/.
@@ -118,7 +118,7 @@ def main() -> int:
 
     def copy_repository(dest: Path) -> None:
         copy_top_level(dest)
-        for folder in ("experiments", "benchmarks"):  # their code only: no runs, results or mutant lists
+        for folder in ("experiments", "benchmarks"):  # their code only: no runs or results
             (dest / folder).mkdir()
             for path in (root / folder).glob("*.py"):
                 shutil.copy2(path, dest / folder / path.name)
