@@ -282,6 +282,7 @@ def test_kl_vs_collapse_final_policy_measures_by_hand(tiny, monkeypatch, one_tor
 # ------------------------------------------------------------------------- rlhf_overoptimization (issue 31)
 
 rlhf_overoptimization = load("rlhf_overoptimization")
+overopt_report = load("rlhf_overoptimization_report")  # its report subcommand's module
 OVEROPT_TRAIN_PROMPTS = ["I loved this great film and", "What an awful, boring movie:", "A happy story, and",
                          "The sad ending made me"]
 
@@ -306,26 +307,25 @@ def test_overopt_best_of_n_is_the_average_over_all_n_subsets():
                        np.full(7, 0.5), [3.0, 1.0, 3.0, 2.0, 1.0, 3.0, 0.0]])
     gold = rng.normal(size=proxy.shape)
     for n in range(1, 8):
-        got_proxy, got_gold = rlhf_overoptimization.best_of_n(proxy, gold, n)
+        got_proxy, got_gold = overopt_report.best_of_n(proxy, gold, n)
         for row in range(len(proxy)):
             want_proxy, want_gold = brute_force_best_of_n(proxy[row].tolist(), gold[row].tolist(), n)
             assert got_proxy[row] == pytest.approx(want_proxy, abs=1e-12)
             assert got_gold[row] == pytest.approx(want_gold, abs=1e-12)
     # n = 1 is the plain mean; n = N the best of all (the mean gold of the tied best in row 3)
-    np.testing.assert_allclose(rlhf_overoptimization.best_of_n(proxy, gold, 1)[1], gold.mean(1))
-    assert rlhf_overoptimization.best_of_n(proxy, gold, 7)[1][3] == pytest.approx(gold[3, [0, 2, 5]].mean())
+    np.testing.assert_allclose(overopt_report.best_of_n(proxy, gold, 1)[1], gold.mean(1))
+    assert overopt_report.best_of_n(proxy, gold, 7)[1][3] == pytest.approx(gold[3, [0, 2, 5]].mean())
 
 
 def test_overopt_best_of_n_kl_is_the_kl_of_the_maximum_of_n_uniforms():
-    assert rlhf_overoptimization.best_of_n_kl(1) == 0.0
-    assert rlhf_overoptimization.best_of_n_kl(2) == pytest.approx(np.log(2) - 0.5, abs=1e-15)
+    assert overopt_report.best_of_n_kl(1) == 0.0
+    assert overopt_report.best_of_n_kl(2) == pytest.approx(np.log(2) - 0.5, abs=1e-15)
     # independently: the best of n draws has density n u^(n-1) on the quantile u of the initial policy,
     # KL = integral over u of n u^(n-1) log(n u^(n-1)), by the midpoint rule
     u = (np.arange(200_000) + 0.5) / 200_000
     for n in (2, 5, 16):
         density = n * u ** (n - 1)
-        assert rlhf_overoptimization.best_of_n_kl(n) == pytest.approx(np.mean(density * np.log(density)),
-                                                                     abs=1e-6)
+        assert overopt_report.best_of_n_kl(n) == pytest.approx(np.mean(density * np.log(density)), abs=1e-6)
 
 
 @pytest.mark.parametrize("form, alpha, beta", [("rl", 0.3, 0.2), ("rl", 0.05, 0.1), ("bon", 0.4, 0.15),
@@ -333,21 +333,20 @@ def test_overopt_best_of_n_kl_is_the_kl_of_the_maximum_of_n_uniforms():
 def test_overopt_fits_recover_the_forms_and_their_peaks(form, alpha, beta):
     d = np.concatenate([[0.0], np.linspace(0.05, 4.0, 30)])
     curve = d * (alpha - beta * (np.log(np.where(d > 0, d, 1.0)) if form == "rl" else d))
-    fitted = rlhf_overoptimization.fit_gold(d, curve, form)
+    fitted = overopt_report.fit_gold(d, curve, form)
     assert fitted == pytest.approx((alpha, beta), abs=1e-9)
     grid = np.linspace(1e-4, 50, 2_000_001)
     values = grid * (alpha - beta * (np.log(grid) if form == "rl" else grid))
-    peak = rlhf_overoptimization.gold_peak(alpha, beta, form)
+    peak = overopt_report.gold_peak(alpha, beta, form)
     assert peak == pytest.approx(grid[values.argmax()], abs=1e-4)
-    assert rlhf_overoptimization.gold_peak(alpha, -beta, form) is None  # never turns down
-    assert rlhf_overoptimization.fit_gold([0.0, 1.0], [0.0, 0.3], form) is None  # one point with d > 0
+    assert overopt_report.gold_peak(alpha, -beta, form) is None  # never turns down
+    assert overopt_report.fit_gold([0.0, 1.0], [0.0, 0.3], form) is None  # one point with d > 0
 
 
 def test_overopt_repeated_words_and_disagreements():
     assert rlhf_overoptimization.repeated_word_share("Good, good GOOD film.") == pytest.approx(0.5)
     assert rlhf_overoptimization.repeated_word_share("...") == 0.0
-    picked = rlhf_overoptimization.disagreements(["a", "b", "c", "d"], [3.0, 2.0, 1.0, 0.0],
-                                                 [0.0, 1.0, 2.0, 3.0], 2)
+    picked = overopt_report.disagreements(["a", "b", "c", "d"], [3.0, 2.0, 1.0, 0.0], [0.0, 1.0, 2.0, 3.0], 2)
     assert [t for t, _, _ in picked] == ["a", "b"]
 
 
@@ -666,19 +665,19 @@ def test_ppo_vs_grpo_tuned_methods_run_the_chosen_flags():
 
 def test_overopt_bootstrap_interval_resamples_prompts_by_hand():
     # two prompts with means 0 and 1: a resample's mean is 0, 1/2 or 1 with chances 1/4, 1/2, 1/4
-    low, high = rlhf_overoptimization.bootstrap_interval(lambda i: np.array([0.0, 1.0])[i].mean(), 2)
+    low, high = overopt_report.bootstrap_interval(lambda i: np.array([0.0, 1.0])[i].mean(), 2)
     assert (low, high) == (0.0, 1.0)
-    assert rlhf_overoptimization.bootstrap_interval(lambda i: np.full(5, 0.3)[i].mean(), 5) == pytest.approx(
+    assert overopt_report.bootstrap_interval(lambda i: np.full(5, 0.3)[i].mean(), 5) == pytest.approx(
         (0.3, 0.3))
     # 40 prompts of value 1 and 40 of 0: the interval is about mean +- 1.96 * 0.5 / sqrt(80)
     values = np.array([1.0] * 40 + [0.0] * 40)
-    low, high = rlhf_overoptimization.bootstrap_interval(lambda i: values[i].mean(), 80)
+    low, high = overopt_report.bootstrap_interval(lambda i: values[i].mean(), 80)
     assert low == pytest.approx(0.5 - 1.96 * 0.5 / 80**0.5, abs=0.03)
     assert high == pytest.approx(0.5 + 1.96 * 0.5 / 80**0.5, abs=0.03)
     # each resample draws all 10 prompts with replacement: 10 indices, some repeated, on average
     # 10 (1 - 0.9^10) = 6.51 distinct (a half-sample without replacement has about the mean's spread, not this)
     drawn = []
-    rlhf_overoptimization.bootstrap_interval(lambda i: drawn.append(np.array(i)) or 0.0, 10, resamples=2000)
+    overopt_report.bootstrap_interval(lambda i: drawn.append(np.array(i)) or 0.0, 10, resamples=2000)
     assert len(drawn) == 2000 and all(len(i) == 10 and set(i.tolist()) <= set(range(10)) for i in drawn)
     assert np.mean([len(set(i.tolist())) for i in drawn]) == pytest.approx(10 * (1 - 0.9**10), abs=0.1)
 
@@ -691,7 +690,7 @@ def test_overopt_best_of_n_curves_by_hand():
     bon = {"n": 8, "gold": gold, "proxies": [{"name": "same", "path": "a", "scores": gold},
                                              {"name": "reversed", "path": "b", "scores": [[-g for g in row]
                                                                                        for row in gold]}]}
-    same, reversed_ = rlhf_overoptimization.best_of_n_curves(bon)
+    same, reversed_ = overopt_report.best_of_n_curves(bon)
     assert [p["n"] for p in same["points"]] == [1, 2]
     assert same["points"][1]["gold_change"] == pytest.approx(1.5)
     assert same["points"][1]["gold_change_ci"] == pytest.approx((1.5, 1.5))
@@ -772,12 +771,12 @@ def overopt_made_up_logs(out):
 def test_overopt_report_plots_d_and_draws_each_fitted_form_on_made_up_logs(tmp_path, monkeypatch):
     out = str(tmp_path / "overopt")
     gold, ds = overopt_made_up_logs(out)
-    figures, subplots = [], rlhf_overoptimization.plt.subplots
-    monkeypatch.setattr(rlhf_overoptimization.plt, "subplots",
+    figures, subplots = [], overopt_report.plt.subplots
+    monkeypatch.setattr(overopt_report.plt, "subplots",
                         lambda *a, **kw: figures.append(subplots(*a, **kw)) or figures[-1])
-    page = rlhf_overoptimization.run_report(rlhf_overoptimization.Report(out=out, num_disagreements=2))
+    page = overopt_report.run_report(overopt_report.Report(out=out, num_disagreements=2))
     (fig, (ax_proxy, ax_gold)), = figures
-    rlhf_overoptimization.plt.close(fig)
+    overopt_report.plt.close(fig)
     # best of n = 1, 2, 4 (up to N / 4) by brute force over the n-subsets of each prompt's 16 (distinct)
     # responses: the expected maximum minus the mean; at d = sqrt(log n - (n - 1) / n)
     bon_d = [np.sqrt(np.log(n) - (n - 1) / n) for n in (1, 2, 4)]
