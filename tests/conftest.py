@@ -133,13 +133,13 @@ def interrupted_save(monkeypatch):
 
 @pytest.fixture
 def interrupted_generation(monkeypatch):
-    """`interrupted_generation(module, args, calls)`: an RL file's module.main(args) with a Ctrl-C
+    """`interrupted_generation(module, main, args, calls)`: an RL file's main(args) with a Ctrl-C
     (KeyboardInterrupt) raised from module.generate's call number `calls`, the second iteration's: the run
     returns normally, having generated `calls` times, with its first iteration in the closed TensorBoard file,
     and --save-model still saves the policy as trained so far (it differs from args.model_name's)."""
     from transformers import AutoModelForCausalLM
 
-    def run(module, args, calls):
+    def run(module, main, args, calls):
         real_generate, made = module.generate, 0
 
         def generate(*a, **kw):
@@ -150,7 +150,7 @@ def interrupted_generation(monkeypatch):
             return real_generate(*a, **kw)
 
         monkeypatch.setattr(module, "generate", generate)
-        stats = module.main(args)
+        stats = main(args)
         assert made == calls
         scores = [e.value for e in _read_events(stats["run_dir"]).Scalars("objective/scores")]
         assert scores == [pytest.approx(stats["objective/scores"])]
@@ -174,6 +174,20 @@ def checkpoint_reevaluates(tmp_path):
         result = module.main(args)
         assert result["eval_returns"] == short_run["eval_returns"]
         assert not os.listdir(tmp_path)
+
+    return check
+
+
+@pytest.fixture
+def refuses_foreign_checkpoint(tmp_path, fails_fast):
+    """`check(module, small_args, short_run, kind)`: --eval-checkpoint of a file the script did not save (an
+    unusable_checkpoint of `kind` made from the short run's agent.pt, or ppo_walker2d.py's) fails fast naming the
+    flag."""
+
+    def check(module, small_args, short_run, kind):
+        saved = os.path.join(short_run["run_dir"], "agent.pt")
+        path = unusable_checkpoint(kind, saved, walker_agent_pt(tmp_path / "walker"), tmp_path / "bad.pt")
+        fails_fast(module, small_args, dict(eval_checkpoint=str(path)), "--eval-checkpoint")
 
     return check
 
@@ -236,12 +250,12 @@ def fails_fast(tmp_path):
 
 @pytest.fixture
 def fails_before_loading(tmp_path, monkeypatch):
-    """A language-model script's `module.main(make_args(**overrides))` with bad input stops with a one-line
-    `error: ...` matching `message`, before a model or tokenizer is loaded (module.from_pretrained fails the test)
-    and before the run directory tmp_path/runs exists. The `bad_files` ({name: (text, message)}) are written to
-    tmp_path first, and --preferences naming one of them reads it."""
+    """`check(module, run, bad_files, overrides, message)`: a language-model script's main() run with bad input
+    (run(**overrides)) stops with a one-line `error: ...` matching `message`, before a model or tokenizer is
+    loaded (module.from_pretrained fails the test) and before the run directory tmp_path/runs exists. The
+    `bad_files` ({name: (text, message)}) are written to tmp_path first, and --preferences naming one reads it."""
 
-    def check(module, make_args, bad_files, overrides, message):
+    def check(module, run, bad_files, overrides, message):
         for name, (text, _) in bad_files.items():
             (tmp_path / name).write_bytes(text.encode("latin-1" if name == "latin1" else "utf-8"))
         if overrides.get("preferences") in bad_files:
@@ -252,7 +266,7 @@ def fails_before_loading(tmp_path, monkeypatch):
 
         monkeypatch.setattr(module, "from_pretrained", no_loading)
         with pytest.raises(SystemExit, match=f"^error: .*{message}") as error:
-            module.main(make_args(**overrides))
+            run(**overrides)
         assert "\n" not in str(error.value)
         assert not (tmp_path / "runs").exists()
 
@@ -264,6 +278,14 @@ def each_bad_value(**values):
     holds several), to be refused naming the field's flag (gae_lambda: --gae-lambda)."""
     return [({field: value}, "--" + field.replace("_", "-"))
             for field, given in values.items() for value in (given if isinstance(given, tuple) else (given,))]
+
+
+# Bad input a2c.py and reinforce.py both refuse naming the flag: envs their networks cannot play (FrozenLake-v1's
+# observations are Discrete, where the MLP needs a flat Box), no steps, a negative number of evaluation episodes, a
+# checkpoint that does not exist.
+REFUSED_BY_A2C_AND_REINFORCE = each_bad_value(env_id=("Pendulum-v1", "NoSuchEnv-v0", "FrozenLake-v1"),
+                                              total_timesteps=0, eval_episodes=-1,
+                                              eval_checkpoint="/no/such/agent.pt")
 
 
 def unusable_checkpoint(kind, saved, foreign, path):
@@ -837,22 +859,22 @@ def record_norm(parameters, max_norm):
 }
 
 
-def torchrun_folder(tmp_path_factory, script, driver, policy, count):
-    """A folder for a torchrun test of `script` (the module): prompts.txt with the first `count` of script.PROMPTS
-    of the most common token length under the policy's tokenizer (so that one process's queries are padded as in
-    the batch of all), and driver.py, the `driver` template filled with the repository, the tokenizer's size,
-    the id of "." after "x" (a stop token) and DRIVER_LINES. Returns the folder and the prompts."""
+def torchrun_folder(tmp_path_factory, repo, prompts, driver, policy, count):
+    """A folder for a torchrun test of an RL file: prompts.txt with the first `count` of its `prompts` of the most
+    common token length under the policy's tokenizer (so that one process's queries are padded as in the batch
+    of all), and driver.py, the `driver` template filled with the repository `repo`, the tokenizer's size, the
+    id of "." after "x" (a stop token) and DRIVER_LINES. Returns the folder and the prompts."""
     from transformers import AutoTokenizer
 
     root = tmp_path_factory.mktemp("torchrun")
     tokenizer = AutoTokenizer.from_pretrained(policy)
-    lengths = {p: len(tokenizer.encode(p)) for p in script.PROMPTS}
+    lengths = {p: len(tokenizer.encode(p)) for p in prompts}
     common_length = max(set(lengths.values()), key=list(lengths.values()).count)
-    prompts = [p for p in script.PROMPTS if lengths[p] == common_length][:count]
+    prompts = [p for p in prompts if lengths[p] == common_length][:count]
     (root / "prompts.txt").write_text("\n".join(prompts))
     stop_id = tokenizer.encode("x.")[-1]
-    (root / "driver.py").write_text(driver.format(repo=str(Path(script.__file__).parent), stop_id=stop_id,
-                                                  vocab_size=len(tokenizer), **DRIVER_LINES))
+    (root / "driver.py").write_text(driver.format(repo=str(repo), stop_id=stop_id, vocab_size=len(tokenizer),
+                                                  **DRIVER_LINES))
     return root, prompts
 
 
@@ -962,24 +984,13 @@ def cartpole_args(module):
     return args_maker(module, total_timesteps=3000, eval_episodes=2, save_model=True, cuda=False)
 
 
-def short_run_fixture(module):
-    """A discrete script's module-scoped `short_run` fixture (`short_run = short_run_fixture(a2c)` in its test
-    file): one saved cartpole_args run, for the tests that read one."""
-
-    @pytest.fixture(scope="module")
-    def short_run(tmp_path_factory):
-        return module.main(cartpole_args(module)(tmp_path_factory.mktemp("runs")))
-
-    return short_run
-
-
-def check_the_budget_is_said(module, capsys, whole, partial, batch, runs):
-    """module.check_args(whole) says nothing (its --total-timesteps is whole batches); a run of `partial`, whose
-    --total-timesteps is not a multiple of the batch size `batch`, says first that it trains `runs` batches, and
-    last that it did."""
-    module.check_args(whole)
+def check_the_budget_is_said(check_args, main, capsys, whole, partial, batch, runs):
+    """A gym script's check_args(whole) says nothing (its --total-timesteps is whole batches); a run of `partial`
+    (main(partial)), whose --total-timesteps is not a multiple of the batch size `batch`, says first that it
+    trains `runs` batches, and last that it did."""
+    check_args(whole)
     assert capsys.readouterr().out == ""
-    module.main(partial)
+    main(partial)
     out = capsys.readouterr().out.splitlines()
     assert out[0] == (f"--total-timesteps {partial.total_timesteps} is not a multiple of the batch size {batch} "
                       f"(--num-envs x --num-steps): training runs {runs} x {batch} = {runs * batch} steps")
@@ -1140,13 +1151,13 @@ def check_losses_reach_their_networks(module, agent, batch):
     check_each_loss_reaches(agent, ((pg_loss, "actor."), (entropy.mean(), "actor."), (v_loss, "critic.")))
 
 
-def check_entropy_bonus_gradient(module, watch, optimizer_steps, args_with, batch_obs, ent_coef=0.5):
-    """Two runs of one update from the same seed, so the same agent and batch, without and with the bonus
-    (args_with(name, ent_coef)): their gradients differ by the bonus's alone, -ent_coef * grad(mean entropy
-    over the batch's observations, batch_obs(args)), worked out with torch's Categorical."""
+def check_entropy_bonus_gradient(main, watch, optimizer_steps, args_with, batch_obs, ent_coef=0.5):
+    """Two runs (main(args_with(name, ent_coef))) of one update from the same seed, so the same agent and batch,
+    without and with the bonus: their gradients differ by the bonus's alone, -ent_coef * grad(mean entropy over
+    the batch's observations, batch_obs(args)), worked out with torch's Categorical."""
     for name, coef in (("without", 0.0), ("with", ent_coef)):
         args = args_with(name, coef)
-        module.main(args)
+        main(args)
     assert len(optimizer_steps) == 2
     obs = torch.as_tensor(batch_obs(args), dtype=torch.float32)
     agent = watch.initial_agent
@@ -1160,25 +1171,24 @@ def check_entropy_bonus_gradient(module, watch, optimizer_steps, args_with, batc
 
 
 class CartPoleScriptTests:
-    """The tests each discrete gym script (a2c.py, reinforce.py, ppo_cartpole.py) passes alike, written once. A test
-    file runs them for its script with a subclass, `class TestAsEveryCartPoleScript(CartPoleScriptTests)`, that sets
-    `script` (the module) and `tiny_args` (its wiring runs' Args on TinyDiscrete-v0), beside a module-scoped
-    `short_run` fixture of its own (a saved small_args run); a script whose test must differ overrides it."""
+    """Runs of main() that each discrete gym script (a2c.py, reinforce.py, ppo_cartpole.py) is tested with alike,
+    written once. A test file runs them for its script with a subclass, `class TestRuns(CartPoleScriptTests)`,
+    that sets `script` (the module) and `tiny_args` (its wiring runs' Args on TinyDiscrete-v0), and holds the
+    script's own tests of the short run (`short_run`). The tests that run no main() stay functions of the test
+    file, where benchmarks/mutmut_score.py finds them."""
 
     script = None
     per_env_and_reset = None  # check_logged_episodes': REINFORCE logs each env's first episodes of a batch only
 
-    def small_args(self, tmp_path, **kw):
-        return cartpole_args(self.script)(tmp_path, **kw)
+    @classmethod
+    def small_args(cls, tmp_path, **kw):
+        return cartpole_args(cls.script)(tmp_path, **kw)
 
-    def test_networks_start_orthogonal_with_the_gains_of_detail_2(self):
-        check_categorical_networks_start_orthogonal(self.script)
-
-    def test_vector_env_resets_in_the_step_that_ends_an_episode_and_records_it(self):
-        check_same_step_autoreset(self.script.make_vector_env, "TinyDiscrete-v0", [1, 0])
-
-    def test_agent_is_two_tanh_layers_and_a_softmax_policy_worked_out_by_hand(self):
-        check_categorical_agent_by_hand(self.script)
+    @pytest.fixture(scope="class")
+    @classmethod
+    def short_run(cls, tmp_path_factory):
+        """One saved cartpole_args run of the script, for the tests that read one."""
+        return cls.script.main(cls.small_args(tmp_path_factory.mktemp("runs")))
 
     def test_saved_agent_evaluates_without_training(self, short_run, checkpoint_reevaluates):
         checkpoint_reevaluates(self.script, short_run)
@@ -1192,15 +1202,6 @@ class CartPoleScriptTests:
     def test_ctrl_c_during_evaluation_keeps_logs_and_saves(self, tmp_path, interrupted_evaluation):
         interrupted_evaluation(self.script, self.small_args(tmp_path))
 
-    @pytest.mark.parametrize("kind", ["truncated", "corrupt", "foreign", "another network", "a directory"])
-    def test_a_checkpoint_this_script_did_not_save_fails_fast(self, short_run, tmp_path, fails_fast, kind):
-        saved = os.path.join(short_run["run_dir"], "agent.pt")
-        path = unusable_checkpoint(kind, saved, walker_agent_pt(tmp_path / "walker"), tmp_path / "bad.pt")
-        fails_fast(self.script, self.small_args, dict(eval_checkpoint=str(path)), "--eval-checkpoint")
-
-    def test_evaluation_episodes_are_independent_draws_from_their_own_seeds(self):
-        check_greedy_evaluation_draws_independent_episodes(self.script)
-
     def test_a_saved_agent_is_evaluated_on_its_own_env_and_the_run_logs_its_episodes(self, tmp_path, spy,
                                                                                      read_events):
         """On TinyDiscrete-v0 an episode's return (6 or 10) is not its length (3 or 4), and a saved agent cannot
@@ -1209,6 +1210,7 @@ class CartPoleScriptTests:
         run = self.script.main(self.tiny_args(tmp_path, save_model=True, eval_episodes=2))
         check_logged_episodes(watch, read_events(run["run_dir"]), run, self.per_env_and_reset)
         check_checkpoint_plays_its_own_env(self.script, watch, run, tmp_path)
+
 
 # ----------------------------------------------- the gym PPO scripts' shared checks (ppo_cartpole, ppo_walker2d)
 

@@ -6,12 +6,22 @@ import pytest
 import torch
 
 import a2c
-from conftest import (GREEDY_EPISODES, PPO_ONLY_TAGS, SHARED_TAGS, CartPoleScriptTests, args_maker,
-                      bootstrap_values, cartpole_args, check_entropy_bonus_gradient,
-                      check_evaluate_plays_the_greedy_action, check_gae_against_the_explicit_sum,
-                      check_losses_reach_their_networks, check_one_step_gae, check_the_budget_is_said,
-                      each_bad_value, gae_reference, leaning, one_env_returns, peaked, random_rollout,
-                      short_run_fixture, softmax_policy_by_hand, standardized, value_of)
+from conftest import (GREEDY_EPISODES, PPO_ONLY_TAGS, REFUSED_BY_A2C_AND_REINFORCE, SHARED_TAGS,
+                      CartPoleScriptTests, args_maker, bootstrap_values, cartpole_args,
+                      check_categorical_agent_by_hand, check_categorical_networks_start_orthogonal,
+                      check_entropy_bonus_gradient, check_evaluate_plays_the_greedy_action,
+                      check_gae_against_the_explicit_sum, check_greedy_evaluation_draws_independent_episodes,
+                      check_losses_reach_their_networks, check_one_step_gae, check_same_step_autoreset,
+                      check_the_budget_is_said, each_bad_value, gae_reference, leaning, one_env_returns, peaked,
+                      random_rollout, softmax_policy_by_hand, standardized, value_of)
+
+
+# the runs' arguments: a short CartPole-v1 run, and the wiring tests' runs
+small_args = cartpole_args(a2c)
+# Two updates on conftest.py's TinyDiscrete-v0 (time limit 4): 2 envs x 5 steps, so that the rollouts hold
+# terminations, truncations and episodes cut by the end of the rollout.
+tiny_args = args_maker(a2c, env_id="TinyDiscrete-v0", num_envs=2, num_steps=5, total_timesteps=20, eval_episodes=0,
+                       cuda=False)
 
 
 # ---------------------------------------------------------------------------- math
@@ -102,6 +112,18 @@ def test_gae_by_hand():
     assert returns[:, 0].tolist() == [2.75, 6.0, 3.0, 6.0]
 
 
+def test_networks_start_orthogonal_with_the_gains_of_detail_2():
+    check_categorical_networks_start_orthogonal(a2c)
+
+
+def test_agent_is_two_tanh_layers_and_a_softmax_policy_worked_out_by_hand():
+    check_categorical_agent_by_hand(a2c)
+
+
+def test_vector_env_resets_in_the_step_that_ends_an_episode_and_records_it():
+    check_same_step_autoreset(a2c.make_vector_env, "TinyDiscrete-v0", [1, 0])
+
+
 @pytest.mark.parametrize("action, episode_return", GREEDY_EPISODES)
 def test_evaluate_plays_the_greedy_action_to_the_end_of_each_episode(action, episode_return):
     check_evaluate_plays_the_greedy_action(a2c, action, episode_return)
@@ -126,19 +148,35 @@ def test_gae_of_a_one_step_rollout_is_the_td_residual():
 # ---------------------------------------------------------------------------- runs
 
 
-small_args, short_run = cartpole_args(a2c), short_run_fixture(a2c)
+class TestRuns(CartPoleScriptTests):
+    """conftest.CartPoleScriptTests for a2c.py, and the tests of its short run: its logs, the one-line note of a
+    budget that is not whole batches, and the unusable checkpoints --eval-checkpoint refuses."""
 
+    script, tiny_args = a2c, staticmethod(tiny_args)
 
-def test_short_run_logs_every_tag(short_run, cartpole_run_logs):
-    # one gradient step on fresh data: no ratio, nothing to clip
-    acc = cartpole_run_logs(short_run, SHARED_TAGS, absent=PPO_ONLY_TAGS)
-    # one update per rollout of num_envs x num_steps steps
-    args = a2c.Args()
-    n = -(-3000 // (args.num_envs * args.num_steps))
-    assert len(acc.Scalars("losses/policy_loss")) == n
-    # detail 4: update i of n runs at (1 - (i - 1) / n) of the initial rate
-    logged = [e.value for e in acc.Scalars("charts/learning_rate")]
-    assert logged == pytest.approx([args.learning_rate * (1 - i / n) for i in range(n)], rel=1e-6)
+    def test_short_run_logs_every_tag(self, short_run, cartpole_run_logs):
+        # one gradient step on fresh data: no ratio, nothing to clip
+        acc = cartpole_run_logs(short_run, SHARED_TAGS, absent=PPO_ONLY_TAGS)
+        # one update per rollout of num_envs x num_steps steps
+        args = a2c.Args()
+        n = -(-3000 // (args.num_envs * args.num_steps))
+        assert len(acc.Scalars("losses/policy_loss")) == n
+        # detail 4: update i of n runs at (1 - (i - 1) / n) of the initial rate
+        logged = [e.value for e in acc.Scalars("charts/learning_rate")]
+        assert logged == pytest.approx([args.learning_rate * (1 - i / n) for i in range(n)], rel=1e-6)
+
+    def test_a_budget_that_is_not_whole_batches_says_how_many_steps_run(self, short_run, tmp_path, capsys):
+        checkpoint = os.path.join(short_run["run_dir"], "agent.pt")
+        a2c.main(small_args(tmp_path, eval_checkpoint=checkpoint, eval_episodes=1))
+        assert "--total-timesteps" not in capsys.readouterr().out  # evaluating a checkpoint trains nothing
+        # 512: 2 whole batches of 32 x 8; a2c.py rounds 600 up, so that a run takes at least --total-timesteps steps
+        partial = small_args(tmp_path, total_timesteps=600, eval_episodes=0, save_model=False)
+        whole = small_args(tmp_path, total_timesteps=512)
+        check_the_budget_is_said(a2c.check_args, a2c.main, capsys, whole, partial, 256, 3)
+
+    @pytest.mark.parametrize("kind", ["truncated", "corrupt", "foreign", "another network", "a directory"])
+    def test_a_checkpoint_this_script_did_not_save_fails_fast(self, short_run, refuses_foreign_checkpoint, kind):
+        refuses_foreign_checkpoint(a2c, small_args, short_run, kind)
 
 
 def test_gae_flag_runs(tmp_path):
@@ -157,10 +195,6 @@ def test_learns_within_60k_steps(tmp_path):
 # ---------------------------------------------------------------------------- wiring: what reaches the math
 
 
-# Two updates on conftest.py's TinyDiscrete-v0 (time limit 4): 2 envs x 5 steps, so that the rollouts hold
-# terminations, truncations and episodes cut by the end of the rollout.
-tiny_args = args_maker(a2c, env_id="TinyDiscrete-v0", num_envs=2, num_steps=5, total_timesteps=20, eval_episodes=0,
-                       cuda=False)
 
 
 def returns_and_advantages(env, values, next_values, args):
@@ -228,7 +262,7 @@ def test_entropy_bonus_adds_minus_ent_coef_times_the_entropy_gradient(tmp_path, 
     monkeypatch.setattr(a2c, "Agent", peaked(a2c.Agent))
     watch = spy(a2c)
     check_entropy_bonus_gradient(
-        a2c, watch, optimizer_steps,
+        a2c.main, watch, optimizer_steps,
         lambda name, coef: tiny_args(tmp_path / name, total_timesteps=10, ent_coef=coef, max_grad_norm=1e9),
         lambda args: np.concatenate([x for x, _, _ in watch.acted[: args.num_steps]]))
 
@@ -342,29 +376,16 @@ def test_each_update_applies_the_clipped_gradient_of_the_loss_to_every_parameter
     *each_bad_value(num_steps=0, num_envs=-1, gamma=(1.5, 0.0), gae_lambda=-0.1),
     (dict(gae_lambda=0.0, gae=True), "--gae-lambda"),
     (dict(gae_lambda=1.5, gae=True), "--gae-lambda"),
-    # a max_grad_norm of 0 would zero every gradient, a negative one flip it; FrozenLake-v1's observations are
-    # Discrete, where the MLP needs a flat Box
-    *each_bad_value(learning_rate=(0.0, -1e-3), max_grad_norm=(0.0, -1.0),
-                    env_id=("Pendulum-v1", "NoSuchEnv-v0", "FrozenLake-v1"), total_timesteps=0, eval_episodes=-1,
-                    eval_checkpoint="/no/such/agent.pt"),
+    # a max_grad_norm of 0 would zero every gradient, a negative one flip it
+    *each_bad_value(learning_rate=(0.0, -1e-3), max_grad_norm=(0.0, -1.0)),
+    *REFUSED_BY_A2C_AND_REINFORCE,
 ])
 def test_bad_input_fails_fast_naming_the_flag(fails_fast, kw, flag):
     fails_fast(a2c, small_args, kw, flag)
 
 
-def test_a_budget_that_is_not_whole_batches_says_how_many_steps_run(short_run, tmp_path, capsys):
-    a2c.main(small_args(tmp_path, eval_checkpoint=os.path.join(short_run["run_dir"], "agent.pt"), eval_episodes=1))
-    assert "--total-timesteps" not in capsys.readouterr().out  # evaluating a checkpoint trains nothing
-    # 512: 2 whole batches of 32 x 8; a2c.py rounds 600 up, so that a run takes at least --total-timesteps steps
-    check_the_budget_is_said(a2c, capsys, small_args(tmp_path, total_timesteps=512),
-                             small_args(tmp_path, total_timesteps=600, eval_episodes=0, save_model=False), 256, 3)
+# ----------------------------------------------------------------------- issue 41: where a value can be wrong
 
 
-# ------------------------------------------------------ what every discrete gym script must pass (conftest.py)
-
-
-class TestAsEveryCartPoleScript(CartPoleScriptTests):
-    """Orthogonal initialization, the vector env, the agent by hand, the saved agent, seeds, Ctrl-C, unusable
-    checkpoints, independent evaluation episodes, and the episodes a tiny run logs and its agent.pt plays."""
-
-    script, tiny_args = a2c, staticmethod(tiny_args)
+def test_evaluation_episodes_are_independent_draws_from_their_own_seeds():
+    check_greedy_evaluation_draws_independent_episodes(a2c)

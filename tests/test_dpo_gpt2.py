@@ -429,7 +429,7 @@ BAD_FILES = {
 ])
 def test_bad_input_fails_in_one_line_before_any_model_loads(tiny, tmp_path, fails_before_loading, overrides,
                                                             message):
-    fails_before_loading(dpo, lambda **kw: tiny_args(tiny, tmp_path, **kw), BAD_FILES, overrides, message)
+    fails_before_loading(dpo, lambda **kw: dpo.main(tiny_args(tiny, tmp_path, **kw)), BAD_FILES, overrides, message)
 
 
 def test_the_batch_check_reads_the_split_main_makes(tiny, tmp_path):

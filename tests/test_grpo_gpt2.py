@@ -656,8 +656,8 @@ def test_arithmetic_evaluation_counts_problems_and_the_checkpoint_reevaluates(ti
 
 def test_ctrl_c_keeps_logs_and_saves(tiny, tmp_path, interrupted_generation):
     # generate's calls: 1 in iteration 1, 2 in iteration 2
-    interrupted_generation(grpo, tiny_args(tiny, tmp_path, total_episodes=24, save_model=True,
-                                           missing_eos_penalty=None), calls=2)
+    interrupted_generation(grpo, grpo.main, tiny_args(tiny, tmp_path, total_episodes=24, save_model=True,
+                                                      missing_eos_penalty=None), calls=2)
 
 
 def test_ctrl_c_while_saving_closes_the_logs(tiny, tmp_path, interrupted_save):
@@ -731,7 +731,7 @@ def torchrun_case(tiny, tmp_path_factory):
     """The driver script and flags: 2 prompts of the same token length (so that one process's query is padded
     as in the batch of both), one iteration of 2 groups of 4, two passes over one minibatch of two
     accumulated micro-batches, the corrected k3 at beta 0.1 (a reference on every process)."""
-    root, _ = torchrun_folder(tmp_path_factory, grpo, DRIVER, tiny["policy"], 2)
+    root, _ = torchrun_folder(tmp_path_factory, Path(grpo.__file__).parent, grpo.PROMPTS, DRIVER, tiny["policy"], 2)
     flags = ["--model-name", tiny["policy"], "--reward-model", "length", "--no-cuda", "--prompts-file",
              str(root / "prompts.txt"), "--batch-size", "8", "--num-generations", "4", "--num-minibatches", "1",
              "--update-epochs", "2", "--gradient-accumulation-steps", "2", "--total-episodes", "8",

@@ -5,10 +5,19 @@ import torch
 import ppo_cartpole
 from conftest import (PPO_ONLY_TAGS, SHARED_TAGS, CartPoleScriptTests, GymPPOScriptTests, args_maker,
                       bootstrap_values, cartpole_args, check_categorical_agent_by_hand,
-                      check_every_quantity_where_it_belongs, check_gae_against_the_explicit_sum,
-                      check_one_step_gae, check_ppo_steps_apply_the_clipped_gradient, check_the_budget_is_said,
-                      each_bad_value, leaning, minibatches_of, peaked, random_rollout, rollout_rows_from,
-                      short_run_fixture, softmax_policy_by_hand, unusable_checkpoint, value_of, walker_agent_pt)
+                      check_categorical_networks_start_orthogonal, check_every_quantity_where_it_belongs,
+                      check_gae_against_the_explicit_sum, check_greedy_evaluation_draws_independent_episodes,
+                      check_one_step_gae, check_ppo_steps_apply_the_clipped_gradient, check_same_step_autoreset,
+                      check_the_budget_is_said, each_bad_value, leaning, minibatches_of, peaked, random_rollout,
+                      rollout_rows_from, softmax_policy_by_hand, unusable_checkpoint, value_of, walker_agent_pt)
+
+# the runs' arguments: a short CartPole-v1 run, and the wiring tests' runs
+small_args = cartpole_args(ppo_cartpole)
+# Two updates on conftest.py's TinyDiscrete-v0 (time limit 4): 2 envs x 8 steps, so that the rollouts hold
+# terminations, truncations and episodes cut by the end of the rollout.
+tiny_args = args_maker(ppo_cartpole, env_id="TinyDiscrete-v0", num_envs=2, num_steps=8, total_timesteps=32,
+                       num_minibatches=2, update_epochs=2, eval_episodes=0, cuda=False)
+
 
 # ---------------------------------------------------------------------------- math
 
@@ -95,6 +104,23 @@ def test_final_observations_replaces_autoreset_observations():
     assert ppo_cartpole.final_observations(next_obs, {}) is next_obs
 
 
+def test_networks_start_orthogonal_with_the_gains_of_detail_2():
+    check_categorical_networks_start_orthogonal(ppo_cartpole)
+
+
+def test_vector_env_resets_in_the_step_that_ends_an_episode_and_records_it():
+    check_same_step_autoreset(ppo_cartpole.make_vector_env, "TinyDiscrete-v0", [1, 0])
+
+
+def test_agent_is_two_tanh_layers_and_a_softmax_policy_worked_out_by_hand():
+    agent, x, log_probs = check_categorical_agent_by_hand(ppo_cartpole)
+    # the rollout's pass: its sampled actions, each scored by hand
+    sampled, sampled_logprob = agent.get_action(x)
+    assert sampled.shape == (64,)
+    np.testing.assert_allclose(sampled_logprob.detach().numpy(), log_probs[range(64), sampled], rtol=1e-4,
+                               atol=1e-5)
+
+
 def test_gae_of_a_one_step_rollout_is_the_td_residual():
     check_one_step_gae(ppo_cartpole.compute_gae, np.array)
 
@@ -142,15 +168,18 @@ def test_value_loss_clipping_on_both_sides_by_hand():
 # ---------------------------------------------------------------------------- runs
 
 
-small_args, short_run = cartpole_args(ppo_cartpole), short_run_fixture(ppo_cartpole)
+class TestRuns(CartPoleScriptTests):
+    """conftest.CartPoleScriptTests for ppo_cartpole.py, and the test of its short run's logs."""
 
+    script, tiny_args = ppo_cartpole, staticmethod(tiny_args)
 
-def test_short_run_logs_every_tag(short_run, cartpole_run_logs):
-    acc = cartpole_run_logs(short_run, SHARED_TAGS + PPO_ONLY_TAGS)
-    # detail 4: iteration i of n runs at (1 - (i - 1) / n) of the initial rate; n rounded down, as in ppo_walker2d.py
-    n, lr = 3000 // (8 * 32), ppo_cartpole.Args().learning_rate
-    logged = [e.value for e in acc.Scalars("charts/learning_rate")]
-    assert logged == pytest.approx([lr * (1 - i / n) for i in range(n)], rel=1e-6)
+    def test_short_run_logs_every_tag(self, short_run, cartpole_run_logs):
+        acc = cartpole_run_logs(short_run, SHARED_TAGS + PPO_ONLY_TAGS)
+        # detail 4: iteration i of n runs at (1 - (i - 1) / n) of the initial rate; n rounded down, as in
+        # ppo_walker2d.py
+        n, lr = 3000 // (8 * 32), ppo_cartpole.Args().learning_rate
+        logged = [e.value for e in acc.Scalars("charts/learning_rate")]
+        assert logged == pytest.approx([lr * (1 - i / n) for i in range(n)], rel=1e-6)
 
 
 def test_learns_within_50k_steps(tmp_path):
@@ -164,10 +193,6 @@ def test_learns_within_50k_steps(tmp_path):
 # ---------------------------------------------------------------------------- wiring: what reaches the math
 
 
-# Two updates on conftest.py's TinyDiscrete-v0 (time limit 4): 2 envs x 8 steps, so that the rollouts hold
-# terminations, truncations and episodes cut by the end of the rollout.
-tiny_args = args_maker(ppo_cartpole, env_id="TinyDiscrete-v0", num_envs=2, num_steps=8, total_timesteps=32,
-                       num_minibatches=2, update_epochs=2, eval_episodes=0, cuda=False)
 
 
 def test_rollout_reaches_gae_with_the_right_masks_and_bootstraps(tmp_path, spy):
@@ -273,34 +298,24 @@ def test_bad_input_fails_fast_naming_the_flag(fails_fast, kw, flag):
 
 def test_a_budget_that_is_not_whole_batches_says_how_many_steps_run(tmp_path, capsys):
     # 512: 2 whole batches of 8 x 32; 600 is rounded down
-    check_the_budget_is_said(ppo_cartpole, capsys, small_args(tmp_path, total_timesteps=512),
+    check_the_budget_is_said(ppo_cartpole.check_args, ppo_cartpole.main, capsys, small_args(tmp_path, total_timesteps=512),
                              small_args(tmp_path, total_timesteps=600, eval_episodes=0, save_model=False), 256, 2)
 
 
-# ------------------------------------------------------ what every discrete gym script must pass (conftest.py)
+
+@pytest.mark.parametrize("kind", ["truncated", "corrupt", "foreign", "another network"])
+def test_a_checkpoint_this_script_did_not_save_fails_fast(tmp_path, fails_fast, kind):
+    saved = ppo_cartpole.save_agent(ppo_cartpole.Agent(4, 2), ppo_cartpole.Args(), 4, 2, str(tmp_path))
+    path = unusable_checkpoint(kind, saved, walker_agent_pt(tmp_path / "walker"), tmp_path / "bad.pt")
+    fails_fast(ppo_cartpole, small_args, dict(eval_checkpoint=str(path)),
+               "--eval-checkpoint .* pass an agent.pt saved by ppo_cartpole.py --save-model")
 
 
-class TestAsEveryCartPoleScript(CartPoleScriptTests):
-    """Orthogonal initialization, the vector env, the agent by hand (and here the rollout's sampling pass), the
-    saved agent, seeds, Ctrl-C, unusable checkpoints (of ppo_cartpole.py's own, each built here), independent
-    evaluation episodes, and the episodes a tiny run logs and its agent.pt plays."""
+# ----------------------------------------------------------------------- issue 41: where a value can be wrong
 
-    script, tiny_args = ppo_cartpole, staticmethod(tiny_args)
 
-    def test_agent_is_two_tanh_layers_and_a_softmax_policy_worked_out_by_hand(self):
-        agent, x, log_probs = check_categorical_agent_by_hand(ppo_cartpole)
-        # the rollout's pass: its sampled actions, each scored by hand
-        sampled, sampled_logprob = agent.get_action(x)
-        assert sampled.shape == (64,)
-        np.testing.assert_allclose(sampled_logprob.detach().numpy(), log_probs[range(64), sampled], rtol=1e-4,
-                                   atol=1e-5)
-
-    @pytest.mark.parametrize("kind", ["truncated", "corrupt", "foreign", "another network"])
-    def test_a_checkpoint_this_script_did_not_save_fails_fast(self, tmp_path, fails_fast, kind):
-        saved = ppo_cartpole.save_agent(ppo_cartpole.Agent(4, 2), ppo_cartpole.Args(), 4, 2, str(tmp_path))
-        path = unusable_checkpoint(kind, saved, walker_agent_pt(tmp_path / "walker"), tmp_path / "bad.pt")
-        fails_fast(ppo_cartpole, small_args, dict(eval_checkpoint=str(path)),
-                   "--eval-checkpoint .* pass an agent.pt saved by ppo_cartpole.py --save-model")
+def test_evaluation_episodes_are_independent_draws_from_their_own_seeds():
+    check_greedy_evaluation_draws_independent_episodes(ppo_cartpole)
 
 
 # --------------------------------------------------------- what both gym PPO scripts must pass (conftest.py)

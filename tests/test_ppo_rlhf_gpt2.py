@@ -456,7 +456,7 @@ def assert_usable_as_saved(model_dir):
 
 def test_ctrl_c_keeps_logs_and_saves(tiny, tmp_path, interrupted_generation):
     # generate's calls: 1 for the score statistics (norm_batches=1), 2 in iteration 1, 3 in iteration 2
-    interrupted_generation(rlhf, tiny_args(tiny, tmp_path, total_episodes=24, save_model=True), calls=3)
+    interrupted_generation(rlhf, rlhf.main, tiny_args(tiny, tmp_path, total_episodes=24, save_model=True), calls=3)
 
 
 def test_ctrl_c_while_saving_closes_the_logs(tiny, tmp_path, interrupted_save):
@@ -1116,7 +1116,8 @@ with open(os.path.join(args.runs_dir, "..", f"draws_{{args.rank}}.json"), "w") a
 def torchrun_case(tiny, tmp_path_factory):
     """The driver script and flags: 8 prompts of the same token length (so that a batch of 4 is padded as
     the batch of 8), one iteration, two epochs over one minibatch of two accumulated micro-batches."""
-    root, prompts = torchrun_folder(tmp_path_factory, rlhf, DRIVER, tiny["policy"], 8)
+    root, prompts = torchrun_folder(tmp_path_factory, Path(rlhf.__file__).parent, rlhf.PROMPTS, DRIVER,
+                                    tiny["policy"], 8)
     assert len(prompts) == 8
     flags = ["--model-name", tiny["policy"], "--reward-model", "length", "--no-cuda", "--prompts-file",
              str(root / "prompts.txt"), "--batch-size", "8", "--num-minibatches", "1", "--update-epochs", "2",

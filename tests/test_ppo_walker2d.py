@@ -618,7 +618,7 @@ def test_a_budget_that_is_not_whole_batches_says_how_many_steps_run(tmp_path, ca
     # 1 whole batch of 8 x 256; 150 steps in batches of 2 x 32 are rounded down
     partial = small_args(tmp_path, total_timesteps=150, num_envs=2, num_steps=32, num_minibatches=2, update_epochs=1,
                          eval_episodes=0)
-    check_the_budget_is_said(P, capsys, small_args(tmp_path), partial, 64, 2)
+    check_the_budget_is_said(P.check_args, P.main, capsys, small_args(tmp_path), partial, 64, 2)
 
 
 @pytest.mark.parametrize("kind", ["truncated", "corrupt", "foreign", "another network"])

@@ -6,12 +6,22 @@ import pytest
 import torch
 
 import reinforce
-from conftest import (GREEDY_EPISODES, PPO_ONLY_TAGS, SHARED_TAGS, CartPoleScriptTests, args_maker, cartpole_args,
-                      check_entropy_bonus_gradient, check_evaluate_plays_the_greedy_action,
-                      check_losses_reach_their_networks, each_bad_value, leaning, one_env_returns, peaked,
-                      short_run_fixture, softmax_policy_by_hand, standardized, value_of)
+from conftest import (GREEDY_EPISODES, PPO_ONLY_TAGS, REFUSED_BY_A2C_AND_REINFORCE, SHARED_TAGS,
+                      CartPoleScriptTests, args_maker, cartpole_args, check_categorical_agent_by_hand,
+                      check_categorical_networks_start_orthogonal, check_entropy_bonus_gradient,
+                      check_evaluate_plays_the_greedy_action, check_greedy_evaluation_draws_independent_episodes,
+                      check_losses_reach_their_networks, check_same_step_autoreset, each_bad_value, leaning,
+                      one_env_returns, peaked, softmax_policy_by_hand, standardized, value_of)
 
 CRITIC_TAGS = ["losses/value_loss", "losses/explained_variance"]
+
+
+# the runs' arguments: a short CartPole-v1 run, and the wiring tests' runs
+small_args = cartpole_args(reinforce)
+# Two batches on conftest.py's TinyDiscrete-v0 (time limit 4) of 2 episodes from each of 2 envs; episodes end at
+# different steps, so that an env waits for the other.
+tiny_args = args_maker(reinforce, env_id="TinyDiscrete-v0", num_envs=2, num_episodes=4, total_timesteps=20,
+                       norm_adv=False, eval_episodes=0, cuda=False)
 
 
 # ---------------------------------------------------------------------------- math
@@ -99,32 +109,51 @@ def test_value_loss_by_hand():
     np.testing.assert_allclose(newvalue.grad.numpy(), [2.0 / 3, 0.0, -2.0 / 3])  # (V - G) / n
 
 
+def test_networks_start_orthogonal_with_the_gains_of_detail_2():
+    check_categorical_networks_start_orthogonal(reinforce)
+
+
 @pytest.mark.parametrize("action, episode_return", GREEDY_EPISODES)
 def test_evaluate_plays_the_greedy_action_to_the_end_of_each_episode(action, episode_return):
     check_evaluate_plays_the_greedy_action(reinforce, action, episode_return)
 
 
+def test_vector_env_resets_in_the_step_that_ends_an_episode_and_records_it():
+    check_same_step_autoreset(reinforce.make_vector_env, "TinyDiscrete-v0", [1, 0])
+
+
+def test_agent_is_two_tanh_layers_and_a_softmax_policy_worked_out_by_hand():
+    check_categorical_agent_by_hand(reinforce)
+
+
 # ---------------------------------------------------------------------------- runs
 
 
-small_args, short_run = cartpole_args(reinforce), short_run_fixture(reinforce)
+class TestRuns(CartPoleScriptTests):
+    """conftest.CartPoleScriptTests for reinforce.py (its logged episodes: each env's first 2 of a batch), and the
+    tests of its short run: its logs and the unusable checkpoints --eval-checkpoint refuses."""
 
+    script, tiny_args, per_env_and_reset = reinforce, staticmethod(tiny_args), 2
 
-def test_short_run_logs_every_tag(short_run, cartpole_run_logs):
-    acc = cartpole_run_logs(short_run, SHARED_TAGS, absent=PPO_ONLY_TAGS)
-    logged = [e.value for e in acc.Scalars("charts/episodic_return")]
-    # a batch is num_episodes complete episodes, all logged, one gradient step each, and the
-    # budget of env steps is spent
-    num_updates = len(acc.Scalars("losses/policy_loss"))
-    assert len(logged) == num_updates * reinforce.Args().num_episodes
-    assert acc.Scalars("charts/SPS")[-1].step >= 3000
-    # detail 4: each batch runs at (1 - env steps before it / total_timesteps) of the initial rate; a batch's
-    # rate is logged at the env step count after it, so the steps before it are the previous entry's
-    lr = acc.Scalars("charts/learning_rate")
-    steps_before = [0] + [e.step for e in lr[:-1]]
-    expected = [reinforce.Args().learning_rate * (1 - step / 3000) for step in steps_before]
-    assert [e.value for e in lr] == pytest.approx(expected, rel=1e-6)
-    assert len(lr) > 2
+    def test_short_run_logs_every_tag(self, short_run, cartpole_run_logs):
+        acc = cartpole_run_logs(short_run, SHARED_TAGS, absent=PPO_ONLY_TAGS)
+        logged = [e.value for e in acc.Scalars("charts/episodic_return")]
+        # a batch is num_episodes complete episodes, all logged, one gradient step each, and the
+        # budget of env steps is spent
+        num_updates = len(acc.Scalars("losses/policy_loss"))
+        assert len(logged) == num_updates * reinforce.Args().num_episodes
+        assert acc.Scalars("charts/SPS")[-1].step >= 3000
+        # detail 4: each batch runs at (1 - env steps before it / total_timesteps) of the initial rate; a batch's
+        # rate is logged at the env step count after it, so the steps before it are the previous entry's
+        lr = acc.Scalars("charts/learning_rate")
+        steps_before = [0] + [e.step for e in lr[:-1]]
+        expected = [reinforce.Args().learning_rate * (1 - step / 3000) for step in steps_before]
+        assert [e.value for e in lr] == pytest.approx(expected, rel=1e-6)
+        assert len(lr) > 2
+
+    @pytest.mark.parametrize("kind", ["truncated", "corrupt", "foreign", "another network", "a directory"])
+    def test_a_checkpoint_this_script_did_not_save_fails_fast(self, short_run, refuses_foreign_checkpoint, kind):
+        refuses_foreign_checkpoint(reinforce, small_args, short_run, kind)
 
 
 def test_batch_is_complete_episodes_from_every_env(tmp_path, monkeypatch):
@@ -170,10 +199,6 @@ def test_learns_within_60k_steps(tmp_path):
 # ---------------------------------------------------------------------------- wiring: what reaches the math
 
 
-# Two batches on conftest.py's TinyDiscrete-v0 (time limit 4) of 2 episodes from each of 2 envs; episodes end at
-# different steps, so that an env waits for the other.
-tiny_args = args_maker(reinforce, env_id="TinyDiscrete-v0", num_envs=2, num_episodes=4, total_timesteps=20,
-                       norm_adv=False, eval_episodes=0, cuda=False)
 
 
 def batch_steps(env, episodes_per_env):
@@ -262,7 +287,7 @@ def test_entropy_bonus_adds_minus_ent_coef_times_the_entropy_gradient(tmp_path, 
         env = watch.rollout(0, len(watch.segments[0]["rewards"]), segment=0)
         return env.obs[batch_steps(env, args.episodes_per_env)]
 
-    check_entropy_bonus_gradient(reinforce, watch, optimizer_steps,
+    check_entropy_bonus_gradient(reinforce.main, watch, optimizer_steps,
                                  lambda name, coef: tiny_args(tmp_path / name, total_timesteps=1, ent_coef=coef),
                                  first_batch_obs)
 
@@ -399,21 +424,15 @@ def test_each_update_applies_the_gradient_of_the_loss_to_every_parameter(tmp_pat
 
 @pytest.mark.parametrize("kw, flag", [
     (dict(num_episodes=12, num_envs=8), "--num-episodes"),
-    # FrozenLake-v1's observations are Discrete, where the MLP needs a flat Box
-    *each_bad_value(num_episodes=0, num_envs=0, gamma=(-0.5, 0.0, 1.5), learning_rate=(0.0, -1e-3),
-                    env_id=("Pendulum-v1", "NoSuchEnv-v0", "FrozenLake-v1"), total_timesteps=0, eval_episodes=-1,
-                    eval_checkpoint="/no/such/agent.pt"),
+    *each_bad_value(num_episodes=0, num_envs=0, gamma=(-0.5, 0.0, 1.5), learning_rate=(0.0, -1e-3)),
+    *REFUSED_BY_A2C_AND_REINFORCE,
 ])
 def test_bad_input_fails_fast_naming_the_flag(fails_fast, kw, flag):
     fails_fast(reinforce, small_args, kw, flag)
 
 
-# ------------------------------------------------------ what every discrete gym script must pass (conftest.py)
+# ----------------------------------------------------------------------- issue 41: where a value can be wrong
 
 
-class TestAsEveryCartPoleScript(CartPoleScriptTests):
-    """Orthogonal initialization, the vector env, the agent by hand, the saved agent, seeds, Ctrl-C, unusable
-    checkpoints, independent evaluation episodes, and the episodes a tiny run logs (each env's first 2 of a
-    batch) and its agent.pt plays."""
-
-    script, tiny_args, per_env_and_reset = reinforce, staticmethod(tiny_args), 2
+def test_evaluation_episodes_are_independent_draws_from_their_own_seeds():
+    check_greedy_evaluation_draws_independent_episodes(reinforce)

@@ -1030,7 +1030,7 @@ BAD_FILES = {
     *[(dict(gold=None, preferences=name), message) for name, (_, message) in BAD_FILES.items()],
 ])
 def test_bad_input_fails_before_any_model_loads(tiny, tmp_path, fails_before_loading, overrides, message):
-    fails_before_loading(rm, lambda **kw: tiny_args(tiny, tmp_path, **kw), BAD_FILES, overrides, message)
+    fails_before_loading(rm, lambda **kw: rm.main(tiny_args(tiny, tmp_path, **kw)), BAD_FILES, overrides, message)
 
 
 def test_fewer_training_prompts_than_folds_make_one_fold_each_and_say_so(tiny, tmp_path, capsys):
