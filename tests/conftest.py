@@ -1244,7 +1244,8 @@ class GymPPOScriptTests:
         for call in watch.calls:
             newvalue, values, returns = call["args"]["newvalue"], call["args"]["values"], call["args"]["returns"]
             unclipped = (newvalue - returns) ** 2
-            clipped = np.maximum(unclipped, (values + np.clip(newvalue - values, -clip_coef, clip_coef) - returns) ** 2)
+            moved = values + np.clip(newvalue - values, -clip_coef, clip_coef)
+            clipped = np.maximum(unclipped, (moved - returns) ** 2)
             assert call["result"] == pytest.approx(0.5 * (clipped if clip_vloss else unclipped).mean(), rel=1e-5)
             differ += not np.isclose(clipped.mean(), unclipped.mean())
         assert differ > 0

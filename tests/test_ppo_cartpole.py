@@ -245,7 +245,8 @@ def rollout_rows(watch, args, iteration, critic):
     env, acted = watch.rollout(iteration * T, T), watch.acted[iteration * T : (iteration + 1) * T]
     obs = np.stack([x for x, _, _ in acted])
     np.testing.assert_array_equal(obs, env.obs)
-    return rollout_rows_from(args, env, acted, obs, value_of(critic, obs), bootstrap_values(critic, env), env.rewards)
+    values, next_values = value_of(critic, obs), bootstrap_values(critic, env)
+    return rollout_rows_from(args, env, acted, obs, values, next_values, env.rewards)
 
 
 def watched_minibatches(watch, args):
@@ -298,8 +299,9 @@ def test_bad_input_fails_fast_naming_the_flag(fails_fast, kw, flag):
 
 def test_a_budget_that_is_not_whole_batches_says_how_many_steps_run(tmp_path, capsys):
     # 512: 2 whole batches of 8 x 32; 600 is rounded down
-    check_the_budget_is_said(ppo_cartpole.check_args, ppo_cartpole.main, capsys, small_args(tmp_path, total_timesteps=512),
-                             small_args(tmp_path, total_timesteps=600, eval_episodes=0, save_model=False), 256, 2)
+    whole, partial = (small_args(tmp_path, total_timesteps=512),
+                      small_args(tmp_path, total_timesteps=600, eval_episodes=0, save_model=False))
+    check_the_budget_is_said(ppo_cartpole.check_args, ppo_cartpole.main, capsys, whole, partial, 256, 2)
 
 
 

@@ -85,7 +85,8 @@ def test_reward_to_go_truncation_bootstraps_and_termination_does_not():
     returns = one_env_returns(reinforce.compute_returns, [99.0, 99.0, 10.0, 99.0, 99.0], terminations, dones, 0.5)
     assert returns == [3.0, 4.0, 6.0, 1.5, 1.0]
     # without a baseline the rollout passes 0 as the truncated episode's tail: the plain discounted sum
-    assert one_env_returns(reinforce.compute_returns, [0.0] * 5, terminations, dones, 0.5) == [1.75, 1.5, 1.0, 1.5, 1.0]
+    returns = one_env_returns(reinforce.compute_returns, [0.0] * 5, terminations, dones, 0.5)
+    assert returns == [1.75, 1.5, 1.0, 1.5, 1.0]
 
 
 def test_policy_loss_gradient_is_the_reinforce_estimator():
