@@ -87,38 +87,38 @@ class Args:
     exp_name: str = os.path.basename(__file__)[: -len(".py")]  # part of the run directory name
     seed: int = 1  # seed of python, numpy and torch
     torch_deterministic: bool = True  # if toggled, `torch.backends.cudnn.deterministic=True`
-    cuda: bool = True  # if toggled and a GPU is available, train on it
-    num_threads: int = 1  # torch CPU threads
+    cuda: bool = True  # if toggled and a GPU is available, train on it (torchrun: one GPU a process)
+    num_threads: int = 1  # torch CPU threads (each process's, under torchrun)
     runs_dir: str = "runs"  # TensorBoard logs and the saved model go to <runs_dir>/<run_name>/
     save_model: bool = False  # save the policy and its tokenizer (save_pretrained) to <run dir>/model
     log_samples_every: int = 10  # log a table of (query, response, score) every this many iterations
     eval_episodes: int = 256  # held-out responses scoring the initial and final policy (0: no evaluation)
     eval_checkpoint: str | None = None  # a --save-model folder: only score it on the held-out prompts
     eval_every: int = 0  # also score the held-out prompts every this many iterations (0: before and after)
-    eval_greedy: bool = False  # also score greedy decoding (the most likely token at every step)
     eval_split: Literal["held_out", "validation"] = "held_out"  # validation: training problems set aside
+    eval_greedy: bool = False  # also score greedy decoding (the most likely token at every step)
 
-    # models and task (as in ppo_rlhf_gpt2.py)
+    # models and task
     model_name: str = "gpt2"  # the policy: a causal LM's hub id or local directory
     reward_model: str = "lvwerra/distilbert-imdb"  # a classifier id or folder, vader, length or arithmetic
     arithmetic_digits: int = 1  # --reward-model arithmetic: the number of digits of each operand
     reward_label: int = 1  # the classifier's logit used as the score (1: POSITIVE in distilbert-imdb; a
     # one-label reward model, such as reward_model_gpt2.py's, has one logit, which is always used)
     prompts_file: str | None = None  # one prompt per line (default: the built-in movie-review openings)
-    max_query_length: int = 32  # longer queries lose their first tokens
+    max_query_length: int = 32  # longer queries lose their first tokens (lm-human-preferences: 64)
     response_length: int = 24  # number of tokens sampled for each response
     min_response_length: int = 16  # a stop token earlier than this many tokens does not end the response
     temperature: float = 0.7  # sampling temperature: the policy is softmax(logits / temperature)
     stop_token: str = "."  # `eos` or a single-token string: responses are truncated after it
 
     # algorithm
-    total_episodes: int = 10_000  # responses sampled during training
-    batch_size: int = 64  # responses per iteration: batch_size / num_generations prompts
+    total_episodes: int = 10_000  # responses sampled during training (lm-human-preferences: 1M)
+    batch_size: int = 64  # responses per iteration, over all torchrun processes: batch_size / G prompts
     num_generations: int = 8  # G, the responses sampled for each prompt (a group)
-    update_epochs: int = 1  # detail 51: passes over each batch (GRPO's mu, TRL's num_iterations)
     num_minibatches: int = 1  # minibatches (optimizer steps) per batch and pass
     gradient_accumulation_steps: int = 4  # micro-batches per minibatch, their gradients accumulated
     local_rollout_forward_batch_size: int = 16  # responses per reference and reward pass
+    update_epochs: int = 1  # detail 51: passes over each batch (GRPO's mu, TRL's num_iterations)
     learning_rate: float = 2e-5  # the learning rate of Adam
     anneal_lr: bool = True  # anneal the learning rate linearly to 0
     advantage: Literal["grpo", "rloo"] = "grpo"  # detail 47: the group's baseline, or RLOO's leave-one-out
@@ -534,8 +534,8 @@ def evaluate(policy, eval_prompts, tokenizer, stop_token_id: int, reward_fn, arg
     raw_scores, contain_stop, samples, kls = [], [], [], []
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(args.seed)
-        for i in range(0, len(prompts), args.batch_size):
-            batch = prompts[i : i + args.batch_size]
+        for i in range(0, len(prompts), args.local_batch_size):
+            batch = prompts[i : i + args.local_batch_size]
             queries = tokenize_queries(tokenizer, batch, args.max_query_length, device)
             responses, logprobs, response_mask, stopped, batch_raw_scores = sample_and_score(
                 policy, queries, tokenizer, stop_token_id, reward_fn, args, greedy)
@@ -667,11 +667,11 @@ def check_args(args: Args) -> None:
     if args.batch_size % (args.num_generations * args.world_size) != 0:  # a group is never split
         raise SystemExit(f"error: --batch-size {args.batch_size} is not a whole number of groups of "
                          f"--num-generations {args.num_generations}{processes}; choose a multiple of it")
-    args.local_batch_size = args.batch_size // args.world_size
     args.prompts_per_batch = args.batch_size // args.num_generations
     if args.batch_size % (args.num_minibatches * args.world_size) != 0:
         raise SystemExit(f"error: --batch-size {args.batch_size} is not divisible by --num-minibatches "
                          f"{args.num_minibatches}{processes}; choose a batch size that is a multiple of it")
+    args.local_batch_size = args.batch_size // args.world_size
     args.minibatch_size = args.local_batch_size // args.num_minibatches
     if args.minibatch_size % args.gradient_accumulation_steps != 0:
         raise SystemExit(f"error: the minibatch size {args.minibatch_size} (--batch-size / "
@@ -685,7 +685,7 @@ def check_args(args: Args) -> None:
         raise SystemExit(f"error: --num-iterations is computed (--total-episodes / --batch-size); the passes "
                          f"over each batch (TRL's num_iterations) are --update-epochs {args.num_iterations}")
     args.num_iterations = args.total_episodes // args.batch_size
-    if args.clip_coef_high is None:  # detail 50: a symmetric clip unless asked
+    if args.clip_coef_high is None:  # a symmetric clip unless asked
         args.clip_coef_high = args.clip_coef
     if not args.stop_token:
         raise SystemExit("error: --stop-token must be `eos` or a single-token string such as `.`")

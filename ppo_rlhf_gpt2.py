@@ -61,6 +61,7 @@ Lines marked "torchrun" split the batch over processes, compute statistics over 
 """
 
 import copy
+import functools
 import importlib.util
 import json
 import os
@@ -163,13 +164,6 @@ def query_batches(prompts: list[str], tokenizer, args: Args, device: torch.devic
         batch, indices = [prompts[i] for i in indices[: args.batch_size]], indices[args.batch_size :]
         batch = batch[args.rank * args.local_batch_size : (args.rank + 1) * args.local_batch_size]  # torchrun
         yield tokenize_queries(tokenizer, batch, args.max_query_length, device)
-
-
-def verify_sum(text: str, response: str) -> float:
-    """The verifier: +1 if the first number in the response is the sum asked for in the text, else -1."""
-    a, b = re.search(r"What is (\d+) \+ (\d+)\?", text).groups()
-    answer = re.search(r"-?\d+(\.\d+)?", response)  # "7.5" is not 7
-    return 1.0 if answer is not None and float(answer.group()) == int(a) + int(b) else -1.0
 
 
 def tokenize_queries(tokenizer, prompts: list[str], max_query_length: int, device) -> torch.Tensor:
@@ -458,18 +452,11 @@ def main(args: Args) -> dict:
     writer = SummaryWriter(run_dir) if args.rank == 0 else NoWriter()  # torchrun: process 0 logs
     writer.add_text("hyperparameters", markdown_table(list(vars(args).items()), ("param", "value")))
     eval_stats = {}
-
-    def held_out_evaluation(model, when: str, iteration: int):
-        """Score the held-out prompts, sampled (and greedy with --eval-greedy); log and keep the results."""
-        for greedy in [False, True] if args.eval_greedy else [False]:
-            result = evaluate(model, eval_prompts, tokenizer, stop_token_id, reward_fn, args, device, greedy)
-            eval_stats[when + ("_greedy" if greedy else "")] = result
-            for key, tag in [("raw_score_mean", "raw_scores"), ("accuracy", "accuracy")]:  # accuracy: RLVR
-                if key in result:
-                    writer.add_scalar(f"eval/{'greedy_' if greedy else ''}{tag}", result[key], iteration)
-
+    # the held-out evaluation of a policy (sampled, and greedy with --eval-greedy): logged, kept in eval_stats
+    held_out_evaluation = functools.partial(evaluate_and_log, eval_prompts, tokenizer, stop_token_id,
+                                            reward_fn, args, device, writer, eval_stats)
     if args.eval_episodes > 0 and args.rank == 0:  # torchrun: process 0 evaluates
-        held_out_evaluation(ref_policy, "initial", 0)
+        held_out_evaluation(policy, "initial", 0)
     kl_coef = args.kl_coef
     stats, iteration, interrupted = {}, 0, False
     start_time = time.time()
@@ -590,10 +577,7 @@ def main(args: Args) -> dict:
             for tag, value in stats.items():
                 writer.add_scalar(tag, value, iteration)
             if iteration == 1 or iteration % args.log_samples_every == 0 or iteration == args.num_iterations:
-                rows = list(zip(tokenizer.batch_decode(queries, skip_special_tokens=True),
-                                tokenizer.batch_decode(responses, skip_special_tokens=True),
-                                [f"{s:.3f}" for s in penalized_scores.tolist()]))
-                table = markdown_table(rows[:8], ("query", "response", "score"))
+                table = samples_table(tokenizer, queries, responses, penalized_scores)
                 writer.add_text("samples", table, iteration)
             print(f"iteration {iteration}/{args.num_iterations} score {stats['objective/scores']:.3f} "
                   f"kl {stats['objective/kl']:.3f} kl_coef {kl_coef:.4f} SPS {stats['charts/SPS']:.1f}")
@@ -687,6 +671,16 @@ def evaluate(policy, eval_prompts, tokenizer, stop_token_id: int, reward_fn, arg
         result["accuracy"], result["accuracy_stderr"] = mean_and_stderr(right)
     return result
 
+def evaluate_and_log(eval_prompts, tokenizer, stop_token_id: int, reward_fn, args: Args, device, writer,
+                     eval_stats: dict, model, when: str, iteration: int) -> None:
+    """Score the held-out prompts, sampled (and greedy with --eval-greedy); log and keep the results."""
+    for greedy in [False, True] if args.eval_greedy else [False]:
+        result = evaluate(model, eval_prompts, tokenizer, stop_token_id, reward_fn, args, device, greedy)
+        eval_stats[when + ("_greedy" if greedy else "")] = result
+        for key, tag in [("raw_score_mean", "raw_scores"), ("accuracy", "accuracy")]:  # accuracy: RLVR
+            if key in result:
+                writer.add_scalar(f"eval/{'greedy_' if greedy else ''}{tag}", result[key], iteration)
+
 
 def print_held_out_summary(eval_stats: dict, args: Args) -> None:
     """The held-out evaluations of the initial and the final policy, in a few printed lines."""
@@ -764,8 +758,8 @@ def check_args(args: Args) -> None:
     args.world_size, args.rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
     if args.eval_checkpoint is not None and args.world_size > 1:
         raise SystemExit("error: --eval-checkpoint runs in one process: run it with python, not torchrun")
+    processes = f" times the {args.world_size} torchrun processes" if args.world_size > 1 else ""
     if args.batch_size % (args.num_minibatches * args.world_size) != 0:
-        processes = f" times the {args.world_size} torchrun processes" if args.world_size > 1 else ""
         raise SystemExit(f"error: --batch-size {args.batch_size} is not divisible by --num-minibatches "
                          f"{args.num_minibatches}{processes}; choose a batch size that is a multiple of it")
     args.local_batch_size = args.batch_size // args.world_size
@@ -1030,6 +1024,13 @@ def use_saved_sampling(args: Args) -> None:
                 setattr(args, name, value)
 
 
+def verify_sum(text: str, response: str) -> float:
+    """The verifier: +1 if the first number in the response is the sum asked for in the text, else -1."""
+    a, b = re.search(r"What is (\d+) \+ (\d+)\?", text).groups()
+    answer = re.search(r"-?\d+(\.\d+)?", response)  # "7.5" is not 7
+    return 1.0 if answer is not None and float(answer.group()) == int(a) + int(b) else -1.0
+
+
 def arithmetic_problems(digits: int, held_out: bool, validation: bool = False) -> list[str]:
     """The prompts of --reward-model arithmetic: every sum of two numbers of `digits` digits, split once by a
     fixed seed (whatever --seed) into training and held-out problems; a + b and b + a on the same side. An
@@ -1075,6 +1076,14 @@ def diversity(responses: torch.Tensor, response_mask: torch.Tensor) -> tuple[flo
     rows = [tuple(r[m].tolist()) for r, m in zip(responses, response_mask)]
     bigrams = [pair for row in rows for pair in zip(row, row[1:])]
     return len(set(rows)) / len(rows), len(set(bigrams)) / max(len(bigrams), 1)
+
+
+def samples_table(tokenizer, queries, responses, scores) -> str:
+    """The first eight responses of a batch: query, response and score."""
+    rows = list(zip(tokenizer.batch_decode(queries, skip_special_tokens=True),
+                    tokenizer.batch_decode(responses, skip_special_tokens=True),
+                    [f"{s:.3f}" for s in scores.tolist()]))
+    return markdown_table(rows[:8], ("query", "response", "score"))
 
 
 def markdown_table(rows: list[tuple], header: tuple) -> str:

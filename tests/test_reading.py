@@ -86,7 +86,7 @@ CITING_BELOW_THE_MARKER = {
     "dpo_gpt2": {"split_comparisons", "generate", "truncate_after_stop_token", "evaluate_samples",
                  "load_tokenizer", "load_policy"},
     "ppo_rlhf_gpt2": {"load_tokenizer", "load_policy", "load_value_model", "load_reward_fn"},
-    "grpo_gpt2": {"debug_variables", "check_args", "load_tokenizer", "load_policy", "load_reward_fn"},
+    "grpo_gpt2": {"debug_variables", "load_tokenizer", "load_policy", "load_reward_fn"},
 }
 
 

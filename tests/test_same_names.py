@@ -14,7 +14,6 @@ REASONS = {  # name: why its bodies differ (to be made the same, or renamed, whe
     "Args": "each script's own flags",
     "main": "each script's own algorithm",
     "check_args": "each script checks its own flags",
-    "evaluate": "GRPO samples a whole batch a pass, PPO a process's share; to be made one",
     "evaluate_comparisons": "the reward model's scores, DPO's implicit rewards against its stored reference",
     "debug_variables": "GRPO's clip fractions read its upper clip (detail 50)",
     "policy_loss": "GRPO: one advantage per response and an upper clip of its own (details 47, 50)",
@@ -30,6 +29,7 @@ REASONS = {  # name: why its bodies differ (to be made the same, or renamed, whe
     "print_held_out_summary": "each script prints its own held-out numbers",
     "check_split": "the reward model also checks the probe's folds and --gold's expected counts; DPO splits "
                    "with --split-seed",
+    "samples_table": "GRPO shows two whole groups with each response's advantage",
     "score_normalization": "PPO normalizes the reward model's scores on the policy's samples, the reward model "
                            "its own, saved in its folder (detail 31 either way)",
 }
