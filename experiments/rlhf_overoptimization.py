@@ -9,7 +9,8 @@ scores them by every proxy and gold, and keeps the expected best-of-n over all n
 runs ppo_rlhf_gpt2.main() unchanged per proxy and --kl-coefs value, recording the gold beside the proxy
 (record_ppo_run). `report` (rlhf_overoptimization_report.py) writes <out>.md and <out>.png: proxy and gold change
 against d = sqrt(KL), Gao et al.'s forms fitted to the gold, what the policy learned, where proxy and gold disagree;
-a reading below `<!-- reading -->` in the .md is kept.
+what stands above a line `<!-- generated -->` in the .md (its title and summary) and a reading below a line
+`<!-- reading -->` are kept.
 
 Usage (from the repository root; --ppo-flags= go to ppo_rlhf_gpt2.py as they are (write the "=": the value starts
 with "--"); the KL coefficient is fixed, --kl-target None, unless they say otherwise):

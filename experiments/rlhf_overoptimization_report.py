@@ -19,7 +19,8 @@ import numpy as np
 from shared import best_of_n, best_of_n_kl  # the expected best-of-n and its KL bound
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-READING_MARK = "<!-- reading -->"
+GENERATED_MARK, READING_MARK = "<!-- generated -->", "<!-- reading -->"  # hand-written text above and below
+TITLE = "# Reward over-optimization: a learned proxy against the gold scorer"
 SCRIPT = "python experiments/rlhf_overoptimization.py"
 OUT = "docs/results/rlhf_overoptimization"
 
@@ -220,7 +221,6 @@ def run_report(args: Report) -> str:
 
     report_command = command_of("report", args)
     lines = [
-        "# Reward over-optimization: a learned proxy against the gold scorer", "",
         "Gold: vader's compound sentiment of prompt + response (in [-1, 1]), standing in for the people whose "
         "comparisons a reward model learns from. Proxies: reward models trained on gold-labeled comparisons of the "
         "initial policy, their scores normalized to std 1 on the initial policy's responses. Scores are changes "
@@ -335,11 +335,16 @@ def run_report(args: Report) -> str:
               *commands_of(all_commands), "", *disagree]
     path = out + ".md"
     text = open(path).read() if os.path.exists(path) else ""
-    kept = text[text.index(READING_MARK):] if READING_MARK in text else ""  # a hand-written reading survives
-    page = "\n".join(lines) + "\n" + ("\n" + kept if kept else "")
+    # hand-written text survives: a reading below READING_MARK, the title and a summary above GENERATED_MARK
+    kept = text[text.index(READING_MARK):] if READING_MARK in text else ""
+    above = text[: len(text) - len(kept)]
+    head = above.split(GENERATED_MARK, 1)[0] if GENERATED_MARK in above else TITLE + "\n\n"
+    page = head + GENERATED_MARK + "\n" + "\n".join(lines) + "\n" + ("\n" + kept if kept else "")
     with open(path, "w") as f:
         f.write(page)
     print(f"wrote {path} and {out}.png")
+    if GENERATED_MARK in above:
+        print(f"kept the hand-written top above {GENERATED_MARK} in {path}")
     if kept:
         print(f"kept the hand-written reading below {READING_MARK} in {path}: check it against the numbers")
     return page

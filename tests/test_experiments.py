@@ -803,6 +803,25 @@ def test_overopt_report_plots_d_and_draws_each_fitted_form_on_made_up_logs(tmp_p
     assert f"| best-of-n, small | {alpha:.4f} | {beta:.4f} | " in page
 
 
+def test_overopt_report_keeps_the_page_s_hand_written_top_and_reading(tmp_path):
+    """A rerun rewrites only what lies between `<!-- generated -->` and `<!-- reading -->`: the title and summary
+    above and the reading below stay as written. A first run writes the title, the marker and the generated part;
+    the committed page has its marker right above its generated part, so the documented command keeps its top."""
+    out = str(tmp_path / "overopt")
+    overopt_made_up_logs(out)
+    first = overopt_report.run_report(overopt_report.Report(out=out, num_disagreements=2))
+    generated = first.split("<!-- generated -->\n", 1)[1]
+    assert first == overopt_report.TITLE + "\n\n<!-- generated -->\n" + generated and "<!-- reading -->" not in first
+    top = "# Over-optimization\n\n**What holds.** No peak.\n\n    python experiments/rlhf_overoptimization.py report\n"
+    reading = "<!-- reading -->\n## Reading\n\nThe gold rises.\n"
+    with open(out + ".md", "w") as f:
+        f.write(top + "<!-- generated -->\nSTALE\n\n" + reading)
+    page = overopt_report.run_report(overopt_report.Report(out=out, num_disagreements=2))
+    assert page == top + "<!-- generated -->\n" + generated + "\n" + reading == open(out + ".md").read()
+    committed = open(os.path.join(ROOT, "docs/results/rlhf_overoptimization.md")).read()
+    assert committed.split("<!-- generated -->\n", 1)[1].startswith("Gold: vader's compound sentiment")
+
+
 def test_ppo_vs_grpo_protocol_grids_and_the_rule_s_choice_by_hand():
     """Every method's grid has the protocol's budget, PPO's earlier flags are a point of its grid, the group size
     is GRPO's and RLOO's axis; the tuned methods take the rule's choice (best validation accuracy, the cheapest
