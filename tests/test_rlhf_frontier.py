@@ -78,6 +78,17 @@ def test_the_differences_over_seeds_by_hand(tmp_path):
                      "- dpo a minus ppo a, at KL 3: +0.300 ± 0.609"]
 
 
+def test_the_report_keeps_the_page_s_hand_written_top(tmp_path):
+    """The report on the committed records into a copy of the committed page's top (its title and summary, above
+    `<!-- generated -->`): the top stays as written, what stood below the marker is replaced."""
+    top = Path(ROOT, "docs/results/rlhf_frontier.md").read_text().split("<!-- generated -->\n", 1)[0]
+    assert top.startswith("# The reward-KL frontier") and "**What holds.**" in top
+    page = tmp_path / "rlhf_frontier.md"
+    page.write_text(top + "<!-- generated -->\nSTALE\n")
+    text = F.report(F.Report(runs="docs/results/rlhf_frontier_runs", out=str(tmp_path / "rlhf_frontier")))
+    assert page.read_text() == top + "<!-- generated -->\n" + text and "STALE" not in text
+
+
 def test_t_interval_by_hand():
     mean, half, _ = F.mean_interval([0.1, 0.3, 0.5])
     # std 0.2, sqrt(3), t(0.975, 2) = 4.303
