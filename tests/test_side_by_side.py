@@ -10,6 +10,7 @@ moving code never breaks it; changing the quoted code does, and then the excerpt
 """
 import ast
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -104,3 +105,21 @@ def test_excerpt_appears_verbatim(concept, file, name, code):
     assert lines is not None, f"{file} has no top-level function or class {name!r} (excerpt under {concept!r})"
     assert appears_in(code, lines), (
         f"the excerpt under {concept!r} is no longer in {file}:{name}; update it in {DOC.relative_to(ROOT)}:\n{code}")
+
+
+def stated_diff_sizes(text):
+    """{(a, b): n} for each "`diff a b` (n lines)" in a text."""
+    return {(a, b): int(n) for a, b, n in re.findall(r"`diff ([\w.]+\.py) ([\w.]+\.py)` \((\d+) lines\)", text)}
+
+
+def test_stated_diff_sizes_parser():
+    text = "What `diff a.py b.py` (12 lines) shows; `diff c.py d.py` shows more"
+    assert stated_diff_sizes(text) == {("a.py", "b.py"): 12}
+
+
+@pytest.mark.parametrize("page", ["docs/side_by_side.md", "README.md"])
+def test_the_diff_sizes_a_page_states_are_today_s(page):
+    stated = stated_diff_sizes((ROOT / page).read_text())
+    actual = {pair: len(subprocess.run(["diff", *pair], cwd=ROOT, capture_output=True, text=True).stdout
+                         .splitlines()) for pair in stated}
+    assert stated == actual, f"{page}: update the sizes of the diffs it states"
