@@ -142,7 +142,7 @@ def model_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict:
 
 def scale_logits(logits: torch.Tensor, temperature: float, pad_token_id: int) -> torch.Tensor:
     """detail 26: the policy is softmax(logits / temperature), in every forward pass."""
-    logits = logits / temperature
+    logits = logits.float() / temperature  # fp32 from here on, also under --bf16
     if pad_token_id < logits.shape[-1]:
         # detail 23: a pad id inside the vocabulary is never a valid action (it would be read as padding)
         logits[..., pad_token_id] = torch.finfo(logits.dtype).min

@@ -1,9 +1,8 @@
 """Group relative policy optimization (GRPO) on a causal language model: PPO-RLHF without the value model.
 
-`ppo_rlhf_gpt2.py` minus the value model and GAE, plus groups: for each prompt the policy samples a group of
-num_generations responses, and a response's advantage, given to each of its tokens, is its score compared with
-its group's (the baseline, and the scale: no reward normalization). The same task, rewards, stop token, EOS
-trick and held-out evaluation as `ppo_rlhf_gpt2.py`, so that the two files' runs compare line for line.
+`ppo_rlhf_gpt2.py` minus the value model and GAE, plus groups: the policy samples num_generations responses to
+each prompt; a response's advantage, on each of its tokens, is its score against its group's (the baseline and
+the scale: no reward normalization). The task, rewards, EOS trick and evaluation are the PPO file's.
 
 Papers: Shao et al. 2024, "DeepSeekMath" (GRPO; arXiv:2402.03300); Liu et al. 2025, "Understanding
 R1-Zero-Like Training" (Dr. GRPO; arXiv:2503.20783); Yu et al. 2025, "DAPO" (arXiv:2503.14476).
@@ -21,7 +20,7 @@ What the code computes (i: a response of a group of G; t: one of its |o_i| real 
       --advantage rloo (RLOO, Ahmadian et al. 2024, arXiv:2402.14740): scores_i - the mean of the OTHER
                    G - 1 scores of its group, no std (= G / (G - 1) times the centered score; its paper's loss
                    is the summed log-prob, one step a batch: --loss-type dr_grpo, --update-epochs 1)
-    ratio_it     = exp(newlogprob_it - logprobs_it)                   (logprobs: recorded when sampling)
+    ratio_it     = exp(newlogprob_it - logprobs_it)            (logprobs: recorded when sampling; --bf16: 53)
     pg_loss_it   = max(-A_i * ratio_it, -A_i * clip(ratio_it, 1 - clip_coef, 1 + clip_coef_high))
     kl_it        = exp(ref_logprobs_it - newlogprob_it) - (ref_logprobs_it - newlogprob_it) - 1      (k3)
       --use-bias-correction-kl: kl_it * ratio_it, the ratio not detached (as TRL), whose gradient is
@@ -34,9 +33,6 @@ What the code computes (i: a response of a group of G; t: one of its |o_i| real 
       dr_grpo:  1/(N * response_length) sum_i sum_t   a constant: no length bias, and no batch-length effect.
     With --update-epochs 1 and one minibatch, ratio = 1 and the clip never acts: the gradient is the plain
     policy gradient sum_i A_i grad log pi(o_i), weighted as the aggregation says.
-TRL's GRPOConfig names: num_generations, beta, loss_type, scale_rewards, use_bias_correction_kl as here; its
-    num_iterations (mu) is --update-epochs (num_iterations here: total_episodes / batch_size, as in the PPO
-    file); epsilon, epsilon_high: --clip-coef, --clip-coef-high; max_completion_length: --response-length.
 
 Implementation details, numbered as in ppo_rlhf_gpt2.py where they are the same idea (gone: 2, 5, 7, 9, 10,
 13, 31-34: the value model, GAE, whitening, the KL in the reward):
@@ -46,17 +42,16 @@ Implementation details, numbered as in ppo_rlhf_gpt2.py where they are the same 
 23-30: a pad token distinct from EOS, left padding, position ids from the mask, logits / temperature, pure
     sampling, dropout off, truncation after the first stop token, the EOS trick (in that order).
 46. Groups: each batch is batch_size / G prompts, each repeated G times in a row (torchrun: whole groups).
-47. The group-relative advantage, the same on every token of a response (or RLOO's). A group whose scores are
-    all equal gets exactly 0 (no signal; rounding noise in its std cannot be blown up).
-48. The loss aggregation, over the whole minibatch even when it is split into micro-batches: each
-    micro-batch adds its share, computed with the minibatch's N and T.
-49. The KL to the reference in the loss (k3), not in the reward; at --beta 0 no reference model at all. Its
-    gradient is (1 - pi_ref / pi) grad log pi. Once a pass or minibatch has moved the policy, on the stale
-    samples pi_ref / pi - 1 is unbounded while the clip has switched the policy term off on those tokens:
-    the k3 term alone drives the step. --use-bias-correction-kl: ratio * log(pi / pi_ref) in its place.
+47. The group-relative advantage (or RLOO's) on each token of a response; 0 where a group's scores all tie.
+48. The loss aggregation over the whole minibatch: each micro-batch adds its share, with its N and T.
+49. The KL to the reference in the loss (k3), not in the reward (at --beta 0 no reference model). On samples a
+    pass or minibatch has made stale its gradient, (1 - pi_ref / pi) grad log pi, is unbounded where the clip
+    turned the policy term off: k3 alone drives the step. --use-bias-correction-kl: ratio * log(pi / pi_ref).
 50. An upper clip that may differ from the lower one (--clip-coef-high, DAPO's clip-higher).
 51. --update-epochs passes over each batch (GRPO's mu, TRL's num_iterations); above 1 (or with minibatches)
     the samples go stale, and the k3 term acts on them as 49 says.  52. A validation split (--eval-split).
+53. --bf16: the models' passes in bfloat16 autocast (not the reward model's); weights, log-probs, losses fp32;
+    the old log-probs and the reference's from full passes of the update's shape: a first ratio of exactly 1.
 """
 
 import copy
@@ -88,6 +83,7 @@ class Args:
     seed: int = 1  # seed of python, numpy and torch
     torch_deterministic: bool = True  # if toggled, `torch.backends.cudnn.deterministic=True`
     cuda: bool = True  # if toggled and a GPU is available, train on it (torchrun: one GPU a process)
+    bf16: bool = False  # bfloat16 autocast (detail 53), not the reward model; slow on CPUs without bf16
     num_threads: int = 1  # torch CPU threads (each process's, under torchrun)
     runs_dir: str = "runs"  # TensorBoard logs and the saved model go to <runs_dir>/<run_name>/
     save_model: bool = False  # save the policy and its tokenizer (save_pretrained) to <run dir>/model
@@ -201,7 +197,7 @@ def model_inputs(query_responses: torch.Tensor, pad_token_id: int) -> dict:
 
 def scale_logits(logits: torch.Tensor, temperature: float, pad_token_id: int) -> torch.Tensor:
     """detail 26: the policy is softmax(logits / temperature), in every forward pass."""
-    logits = logits / temperature
+    logits = logits.float() / temperature  # fp32 from here on, also under --bf16
     if pad_token_id < logits.shape[-1]:
         # detail 23: a pad id inside the vocabulary is never a valid action (it would be read as padding)
         logits[..., pad_token_id] = torch.finfo(logits.dtype).min
@@ -220,6 +216,13 @@ def response_logits(model, query_responses: torch.Tensor, context_length: int, t
 
 def gather_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return logits.log_softmax(-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def autocast_bf16(bf16: bool, device: torch.device, *models) -> None:
+    """detail 53: with --bf16, each model's forward in bfloat16 autocast, entered and left at every call (no
+    bf16 weight copy outlives a pass), weights fp32. After deep copies: a copy runs the original's forward."""
+    for model in [m for m in models if bf16 and m is not None]:
+        model.forward = torch.autocast(device.type, dtype=torch.bfloat16)(model.forward)
 
 
 @torch.inference_mode()  # no autograd bookkeeping: faster, less memory
@@ -269,7 +272,7 @@ def group_advantages(scores: torch.Tensor, num_generations: int, scale_rewards: 
     """detail 47: each response's score minus the mean of its group (num_generations consecutive responses),
     divided by the group's std (unbiased) + 1e-4 unless scale_rewards is "none"; or (rloo) minus the mean of
     the group's other scores, no std. Returns the advantages (batch,) and, per group, whether all its scores
-    are equal (those groups get advantage 0 exactly)."""
+    are equal: those get exactly 0 (no signal; no rounding noise in their std blown up)."""
     grouped = scores.view(-1, num_generations)
     all_equal = (grouped == grouped[:, :1]).all(dim=1)
     advantages = grouped - grouped.mean(dim=1, keepdim=True)
@@ -334,8 +337,8 @@ def main(args: Args) -> dict:
     tokenizer, pad_token_id, stop_token_id = load_tokenizer(args.model_name, args.stop_token)
     query_iter = query_batches(prompts, tokenizer, args, device)  # details 1, 46
     policy = load_policy(args.model_name, device)
-    # detail 49: the frozen reference (the initial policy) only where the loss has a KL term
-    ref_policy = copy.deepcopy(policy).requires_grad_(False) if args.beta > 0 else None
+    ref_policy = copy.deepcopy(policy).requires_grad_(False) if args.beta > 0 else None  # detail 49: for k3
+    autocast_bf16(args.bf16, device, policy, ref_policy)  # detail 53, after the copies
     reward_fn = load_reward_fn(args, device)
     # detail 3: Adam (eps 1e-5) over the policy, the only trained model; fused: one in-place kernel a tensor
     optimizer = torch.optim.Adam(policy.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
@@ -366,25 +369,23 @@ def main(args: Args) -> dict:
                 policy, queries, tokenizer, stop_token_id, reward_fn, args)
             real_responses = responses.masked_fill(~response_mask, 0)  # detail 23: pad ids may be outside
             query_responses = torch.cat([queries, responses], dim=1)
+            # detail 53 (--bf16): passes of the update's micro-batch shape, the old log-probs from full passes
+            chunk = args.micro_batch_size if args.bf16 else args.local_rollout_forward_batch_size
             ref_logprobs = None
             if ref_policy is not None:  # detail 49
-                with torch.inference_mode():  # in chunks, so that no pass holds batch x length x vocab floats
-                    ref_logprobs = []
-                    for i in range(0, args.local_batch_size, args.local_rollout_forward_batch_size):
-                        chunk = slice(i, i + args.local_rollout_forward_batch_size)
-                        ref_logits = response_logits(ref_policy, query_responses[chunk], context_length,
-                                                     args.temperature, pad_token_id)
-                        ref_logprobs.append(gather_logprobs(ref_logits, real_responses[chunk]))
-                    ref_logprobs = torch.cat(ref_logprobs)
+                ref_logprobs = logprobs_in_chunks(ref_policy, query_responses, real_responses, context_length,
+                                                  chunk, args.temperature, pad_token_id)
+            if args.bf16:
+                logprobs = logprobs_in_chunks(policy, query_responses, real_responses, context_length,
+                                              chunk, args.temperature, pad_token_id)
             rollout_time = time.time() - iteration_start
 
             # 3. advantages
             scores = raw_scores  # raw: the group is the baseline and the scale (no detail 31)
             if args.missing_eos_penalty is not None:  # detail 30: the EOS trick
                 scores = raw_scores.masked_fill(~contain_stop, args.missing_eos_penalty)
-            # detail 47: the group-relative advantage of each response
             advantages, all_equal = group_advantages(scores, args.num_generations, args.scale_rewards,
-                                                     args.advantage)
+                                                     args.advantage)  # detail 47: one a response
 
             # 4. update
             update_start = time.time()
@@ -455,8 +456,7 @@ def main(args: Args) -> dict:
                 "time/update": update_time,
             }
             if ref_logprobs is not None:  # the KL to the reference per response (k1, summed), as PPO logs it
-                kl = (logprobs - ref_logprobs).masked_fill(~response_mask, 0)
-                stats["objective/kl"] = kl.sum(1).mean().item()
+                stats["objective/kl"] = ((logprobs - ref_logprobs) * response_mask).sum(1).mean().item()
             if args.reward_model == "arithmetic":  # lengths of the right and the wrong responses (nan: none)
                 stats["val/length_right"] = lengths[right].mean().item()
                 stats["val/length_wrong"] = lengths[~right].mean().item()
@@ -498,8 +498,9 @@ def main(args: Args) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------------------
-# Plumbing, skippable on a first reading: the debug variables, the held-out evaluation, --eval-checkpoint,
-# argument checks, the process group (torchrun), loading and saving, the task's prompts and verifier.
+# Plumbing, skippable on a first reading: the debug variables, the rollout's passes in chunks, the held-out
+# evaluation, --eval-checkpoint, argument checks, the process group (torchrun), loading and saving, the task's
+# prompts and verifier.
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -521,6 +522,16 @@ def debug_variables(all_logprobs, ratio, logratio, advantages, response_mask, cl
             "clipfrac_low": masked_mean((low & (advantages < 0)).float(), response_mask),
             "clipfrac_high": masked_mean((high & (advantages > 0)).float(), response_mask),
             "ratio": masked_mean(ratio, response_mask)}
+
+
+@torch.inference_mode()
+def logprobs_in_chunks(model, query_responses, responses, context_length: int, chunk: int, temperature: float,
+                       pad_token_id: int) -> torch.Tensor:
+    """The log-probs of the (real) response tokens, by the update's functions, response_logits and
+    gather_logprobs, over chunk responses a pass, so that no pass holds batch x length x vocab floats."""
+    return torch.cat([gather_logprobs(response_logits(model, query_responses[i : i + chunk], context_length,
+                                                      temperature, pad_token_id), responses[i : i + chunk])
+                      for i in range(0, len(query_responses), chunk)])
 
 
 @torch.inference_mode()
@@ -603,6 +614,7 @@ def evaluate_checkpoint(args: Args, device: torch.device) -> dict:
     tokenizer, _, stop_token_id = load_tokenizer(args.eval_checkpoint, args.stop_token, "--eval-checkpoint")
     policy = load_policy(args.eval_checkpoint, device, "--eval-checkpoint")
     reference, start = starting_model(args, device)
+    autocast_bf16(args.bf16, device, policy, reference)
     eval_stats = {}
     for greedy in [False, True] if args.eval_greedy else [False]:
         eval_prompts = load_prompts(args)[1]
@@ -656,6 +668,9 @@ def check_args(args: Args) -> None:
     require(("loss_type",), lambda v: v in ("grpo", "dapo", "dr_grpo"), "grpo, dapo or dr_grpo")
     require(("advantage",), lambda v: v in ("grpo", "rloo"), "grpo or rloo")
     require(("eval_split",), lambda v: v in ("held_out", "validation"), "held_out or validation")
+    if args.bf16 and args.cuda and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
+        raise SystemExit("error: --bf16: this GPU cannot compute in bfloat16 (torch.cuda.is_bf16_supported() "
+                         "is False); run without --bf16")
     if not 0 <= args.min_response_length < args.response_length:
         raise SystemExit(f"error: --min-response-length {args.min_response_length} must be at least 0 and "
                          f"smaller than --response-length {args.response_length}")

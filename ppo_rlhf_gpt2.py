@@ -31,8 +31,7 @@ What the code computes (t is a response token; response_mask: True on real token
     v_loss        = 0.5 * mean over real tokens of max((V - R)^2, (values + clip(V - values) - R)^2)
     loss          = pg_loss + vf_coef * v_loss                        (no entropy bonus)
 
-Implementation details, numbered as in every PPO file here (1-13: "The 37 Implementation Details of PPO";
-23 on: those of RLHF, after the N+ paper); the code marks each one as "detail N" where it happens:
+Implementation details (1-13: "The 37 Implementation Details of PPO"; 23 on: RLHF's), marked "detail N":
  1. A batch of prompts plays the part of the vectorized envs: one response (episode) per query.
  2. The value head starts at zero (as in lm-human-preferences), so the first values are 0, not noise.
  3. Adam with eps = 1e-5.   4. The learning rate decays linearly to 0.   5. GAE over the real tokens.
@@ -40,9 +39,8 @@ Implementation details, numbered as in every PPO file here (1-13: "The 37 Implem
     accumulated, each weighted by its share of the minibatch's real tokens.
  7. Advantage whitening over the whole batch, masked (padding enters neither the mean nor the std).
  8. Clipped surrogate objective.       9. Clipped value loss.       (both averaged over real tokens)
-10. One loss, no entropy bonus, and one Adam over the policy and the value model.
-11. Global gradient-norm clipping.     12. Debug variables: approx_kl, clipfrac, explained variance.
-13. Separate policy and value networks: the value model has its own backbone (--value-model).
+10. One loss, no entropy bonus, one Adam over the policy and the value model.  11. Gradient-norm clipping.
+12. Debug variables: approx_kl, clipfrac, explained variance.  13. Separate policy and value networks.
 23. A pad token distinct from EOS, never fed to a model and never sampled (masked out of the logits).
 24. Left padding of the queries: every query ends in the same column and the response follows it.
 25. Position ids computed from the attention mask in every forward pass.
@@ -57,6 +55,8 @@ Implementation details, numbered as in every PPO file here (1-13: "The 37 Implem
 32. Per-token KL penalty against the frozen reference model, the score added at the last real token.
 33. KL coefficient fixed (--kl-coef) or adaptive (--kl-target, --kl-horizon), clamped so it stays positive.
 34. The value of token t read at the position before it, where the logits that sampled t are read.
+53. --bf16: the models' passes in bfloat16 autocast (not the reward model's); weights, log-probs, losses fp32;
+    the old log-probs and the reference's from full passes of the update's shape: a first ratio of exactly 1.
 Lines marked "torchrun" split the batch over processes, compute statistics over all, and sync gradients.
 """
 
@@ -90,6 +90,7 @@ class Args:
     seed: int = 1  # seed of python, numpy and torch
     torch_deterministic: bool = True  # if toggled, `torch.backends.cudnn.deterministic=True`
     cuda: bool = True  # if toggled and a GPU is available, train on it (torchrun: one GPU a process)
+    bf16: bool = False  # bfloat16 autocast (detail 53), not the reward model; slow on CPUs without bf16
     num_threads: int = 1  # torch CPU threads (each process's, under torchrun)
     runs_dir: str = "runs"  # TensorBoard logs and the saved model go to <runs_dir>/<run_name>/
     save_model: bool = False  # save the policy and its tokenizer (save_pretrained) to <run dir>/model
@@ -220,7 +221,7 @@ def model_inputs(query_responses: torch.Tensor, pad_token_id: int) -> dict:
 
 def scale_logits(logits: torch.Tensor, temperature: float, pad_token_id: int) -> torch.Tensor:
     """detail 26: the policy is softmax(logits / temperature), in every forward pass."""
-    logits = logits / temperature
+    logits = logits.float() / temperature  # fp32 from here on, also under --bf16
     if pad_token_id < logits.shape[-1]:
         # detail 23: a pad id inside the vocabulary is never a valid action (it would be read as padding)
         logits[..., pad_token_id] = torch.finfo(logits.dtype).min
@@ -240,11 +241,18 @@ def response_logits(model, query_responses: torch.Tensor, context_length: int, t
 def response_values(value_model, query_responses: torch.Tensor, context_length: int,
                     pad_token_id: int) -> torch.Tensor:
     """detail 34: V(s_t) for each response token t, read where the logits that sampled token t are read."""
-    return value_model(**model_inputs(query_responses, pad_token_id))[:, context_length - 1 : -1]
+    return value_model(**model_inputs(query_responses, pad_token_id))[:, context_length - 1 : -1].float()
 
 
 def gather_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return logits.log_softmax(-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def autocast_bf16(bf16: bool, device: torch.device, *models) -> None:
+    """detail 53: with --bf16, each model's forward in bfloat16 autocast, entered and left at every call (no
+    bf16 weight copy outlives a pass), weights fp32. After deep copies: a copy runs the original's forward."""
+    for model in [m for m in models if bf16 and m is not None]:
+        model.forward = torch.autocast(device.type, dtype=torch.bfloat16)(model.forward)
 
 
 @torch.inference_mode()  # no autograd bookkeeping: faster, less memory
@@ -420,6 +428,7 @@ def main(args: Args) -> dict:
     policy = load_policy(args.model_name, device)
     ref_policy = copy.deepcopy(policy).requires_grad_(False)  # the frozen reference: the initial policy
     value_model = load_value_model(args.value_model, policy, device)  # detail 13
+    autocast_bf16(args.bf16, device, policy, ref_policy, value_model)  # detail 53, after the copies
     reward_fn = load_reward_fn(args, device)
     # details 3 and 10: one Adam (eps 1e-5) over both trained models, as one loss trains them both, with a
     # learning rate for each (the same by default); fused: one in-place kernel per tensor, faster and
@@ -474,16 +483,17 @@ def main(args: Args) -> dict:
             responses, logprobs, response_mask, contain_stop, raw_scores = sample(policy, queries)
             real_responses = responses.masked_fill(~response_mask, 0)  # detail 23: pad ids may be outside
             query_responses = torch.cat([queries, responses], dim=1)
-            with torch.inference_mode():  # in chunks, so that no pass holds batch x length x vocab floats
-                ref_logprobs, values = [], []
-                for i in range(0, args.local_batch_size, args.local_rollout_forward_batch_size):
-                    chunk = slice(i, i + args.local_rollout_forward_batch_size)
-                    ref_logits = response_logits(ref_policy, query_responses[chunk], context_length,
-                                                 args.temperature, pad_token_id)
-                    ref_logprobs.append(gather_logprobs(ref_logits, real_responses[chunk]))
-                    values.append(response_values(value_model, query_responses[chunk], context_length,
-                                                  pad_token_id))
-                ref_logprobs, values = torch.cat(ref_logprobs), torch.cat(values)
+            # detail 53 (--bf16): passes of the update's micro-batch shape, the old log-probs from full passes
+            chunk = args.micro_batch_size if args.bf16 else args.local_rollout_forward_batch_size
+            ref_logprobs = logprobs_in_chunks(ref_policy, query_responses, real_responses, context_length,
+                                              chunk, args.temperature, pad_token_id)
+            if args.bf16:
+                logprobs = logprobs_in_chunks(policy, query_responses, real_responses, context_length,
+                                              chunk, args.temperature, pad_token_id)
+            with torch.inference_mode():
+                values = torch.cat([response_values(value_model, query_responses[i : i + chunk],
+                                                    context_length, pad_token_id)
+                                    for i in range(0, args.local_batch_size, chunk)])
                 scores = score_gain * raw_scores + score_bias  # detail 31
             rollout_time = time.time() - iteration_start
 
@@ -617,8 +627,18 @@ def main(args: Args) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------------------
-# Plumbing, skippable on a first reading: the held-out evaluation, --eval-checkpoint, argument checks, loading
-# and saving, the task's prompts.
+# Plumbing, skippable on a first reading: the rollout's passes in chunks, the held-out evaluation,
+# --eval-checkpoint, argument checks, loading and saving, the task's prompts.
+
+
+@torch.inference_mode()
+def logprobs_in_chunks(model, query_responses, responses, context_length: int, chunk: int, temperature: float,
+                       pad_token_id: int) -> torch.Tensor:
+    """The log-probs of the (real) response tokens, by the update's functions, response_logits and
+    gather_logprobs, over chunk responses a pass, so that no pass holds batch x length x vocab floats."""
+    return torch.cat([gather_logprobs(response_logits(model, query_responses[i : i + chunk], context_length,
+                                                      temperature, pad_token_id), responses[i : i + chunk])
+                      for i in range(0, len(query_responses), chunk)])
 
 
 @torch.inference_mode()
@@ -701,6 +721,7 @@ def evaluate_checkpoint(args: Args, device: torch.device) -> dict:
     tokenizer, _, stop_token_id = load_tokenizer(args.eval_checkpoint, args.stop_token, "--eval-checkpoint")
     policy = load_policy(args.eval_checkpoint, device, "--eval-checkpoint")
     reference, start = starting_model(args, device)
+    autocast_bf16(args.bf16, device, policy, reference)
     eval_stats = {}
     for greedy in [False, True] if args.eval_greedy else [False]:
         eval_prompts = load_prompts(args)[1]
@@ -751,6 +772,9 @@ def check_args(args: Args) -> None:
     require(("gamma", "gae_lambda"), lambda v: 0 < v <= 1, "in (0, 1]")
     require(("kl_estimator",), lambda v: v in ("k1", "k3"), "k1 or k3")
     require(("eval_split",), lambda v: v in ("held_out", "validation"), "held_out or validation")
+    if args.bf16 and args.cuda and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
+        raise SystemExit("error: --bf16: this GPU cannot compute in bfloat16 (torch.cuda.is_bf16_supported() "
+                         "is False); run without --bf16")
     if not 0 <= args.min_response_length < args.response_length:
         raise SystemExit(f"error: --min-response-length {args.min_response_length} must be at least 0 and "
                          f"smaller than --response-length {args.response_length}")

@@ -836,6 +836,39 @@ def check_evaluation_samples_as_saved(module, make_args, tmp_path, capsys, **tra
     return again, printed, model_dir, trained
 
 
+def bf16_run(module, args, monkeypatch):
+    """An RL file's main(args), watched: the dtypes of the outputs of its models' forward passes (the policy and
+    its copy the reference, the value model, the reward model: hooks on what load_policy, load_value_model and
+    from_pretrained return), and after each optimizer step those of the trained parameters and of Adam's state.
+    Returns the logged scalars (none for --eval-checkpoint), {model: dtypes} and a set of dtypes per step."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    outputs = {}
+
+    def hooked(model, name):
+        outputs[name] = set()
+        model.register_forward_hook(lambda m, a, output: outputs[name].add(getattr(output, "logits", output).dtype))
+        return model
+
+    real_from_pretrained = module.from_pretrained
+    monkeypatch.setattr(module, "from_pretrained", lambda auto_class, *a, **kw: hooked(
+        real_from_pretrained(auto_class, *a, **kw), "reward") if auto_class is module.AutoModelForSequenceClassification
+        else real_from_pretrained(auto_class, *a, **kw))
+    for loader in ("load_policy", "load_value_model"):
+        if hasattr(module, loader):
+            real = getattr(module, loader)
+            monkeypatch.setattr(module, loader, lambda *a, real=real, loader=loader: hooked(real(*a), loader[5:]))
+    steps = []
+    handle = register_optimizer_step_post_hook(lambda optimizer, a, kw: steps.append(
+        {t.dtype for group in optimizer.param_groups for p in group["params"]
+         for t in [p, *optimizer.state[p].values()] if torch.is_tensor(t)}))
+    try:
+        stats = module.main(args)
+    finally:
+        handle.remove()
+    return read_scalars(stats["run_dir"]) if "run_dir" in stats else {}, outputs, steps
+
+
 def run_one_and_two_processes(root, flags):
     """run_torchrun with the flags in one process (in root/one) and in two (root/two); each must succeed."""
     for name, processes in (("one", 1), ("two", 2)):

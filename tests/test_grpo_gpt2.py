@@ -17,7 +17,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, GPT2LMHeadModel
 
-from conftest import check_evaluation_samples_as_saved, read_scalars, run_one_and_two_processes, torchrun_folder
+from conftest import (bf16_run, check_evaluation_samples_as_saved, read_scalars, run_one_and_two_processes,
+                      torchrun_folder)
 import grpo_gpt2 as grpo
 import ppo_rlhf_gpt2 as rlhf
 
@@ -505,6 +506,32 @@ def test_beta_zero_loads_no_reference_model(tiny, tmp_path, monkeypatch):
     scalars = read_scalars(stats["run_dir"])
     assert scalars["objective/kl"][0] == pytest.approx(0, abs=1e-4)  # the policy is the reference at first
     assert len(scalars["losses/kl"]) == 2
+
+
+@pytest.mark.parametrize("beta", [0.04, 0.0])
+def test_bf16_runs_the_models_in_bfloat16_with_a_first_ratio_of_exactly_1(tiny, tmp_path, monkeypatch, beta):
+    """--bf16 (detail 53), one iteration of one minibatch in 4 micro-batches, one pass: every pass of the update
+    comes before the optimizer step and the policy is the reference, so the ratio is exactly 1 and the KL (the
+    logged k1 and the k3 term of the loss) exactly 0, with or without a reference (the old log-probs and the
+    reference's recomputed by passes of the update's shape); the policy and the reference ran in bfloat16, the
+    reward model in fp32, and the weights and Adam's state stayed fp32."""
+    args = tiny_args(tiny, tmp_path, bf16=True, gradient_accumulation_steps=4, update_epochs=1, total_episodes=8,
+                     beta=beta)
+    scalars, outputs, steps = bf16_run(grpo, args, monkeypatch)
+    assert outputs == {"policy": {torch.bfloat16}, "reward": {torch.float32}} and steps == [{torch.float32}]
+    assert scalars["val/ratio"] == [1.0]
+    assert scalars["losses/approx_kl"] == scalars["losses/old_approx_kl"] == scalars["losses/clipfrac"] == [0.0]
+    assert (scalars["objective/kl"] == scalars["losses/kl"] == [0.0]) if beta else "objective/kl" not in scalars
+
+
+def test_bf16_on_a_gpu_without_it_fails_before_any_work(tiny, tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **kw: False)
+    with pytest.raises(SystemExit) as error:
+        grpo.main(tiny_args(tiny, tmp_path, bf16=True, cuda=True))
+    assert str(error.value) == ("error: --bf16: this GPU cannot compute in bfloat16 "
+                                "(torch.cuda.is_bf16_supported() is False); run without --bf16")
+    assert not (tmp_path / "runs").exists()
 
 
 def test_all_equal_groups_give_a_zero_loss_and_no_step(tiny, tmp_path, monkeypatch):

@@ -24,7 +24,7 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2F
 from transformers.activations import GELUTanh
 from transformers.models.gpt2.modeling_gpt2 import GPT2MLP
 
-from conftest import (EOS, check_evaluation_samples_as_saved, read_scalars, run_one_and_two_processes,
+from conftest import (EOS, bf16_run, check_evaluation_samples_as_saved, read_scalars, run_one_and_two_processes,
                       run_torchrun, torchrun_folder)
 import ppo_rlhf_gpt2 as rlhf
 
@@ -438,6 +438,42 @@ def test_main_first_minibatch_ratio_one_logging_and_save(tiny, tmp_path):
     again = rlhf.main(tiny_args(tiny, tmp_path / "again", model_name=str(model_dir), total_episodes=8,
                                 num_minibatches=1, update_epochs=1, normalize_scores=False))
     assert math.isfinite(again["objective/scores"])
+
+
+def test_bf16_runs_the_models_in_bfloat16_with_a_first_ratio_of_exactly_1(tiny, tmp_path, monkeypatch):
+    """--bf16 (detail 53), one iteration of one minibatch in 4 micro-batches, one epoch: every pass of the update
+    comes before the optimizer step and the policy is the reference, so the ratio is exactly 1 and the KL
+    exactly 0 (the old log-probs and the reference's recomputed by passes of the update's shape: with responses
+    of 16 tokens, the sampling's cached bf16 passes give other log-probs); the policy, the reference and the
+    value model ran in bfloat16, the reward model in fp32, and the weights and Adam's state stayed fp32."""
+    args = tiny_args(tiny, tmp_path, bf16=True, num_minibatches=1, gradient_accumulation_steps=4,
+                     update_epochs=1, total_episodes=8, response_length=16)
+    scalars, outputs, steps = bf16_run(rlhf, args, monkeypatch)
+    assert outputs == {"policy": {torch.bfloat16}, "value_model": {torch.bfloat16}, "reward": {torch.float32}}
+    assert steps == [{torch.float32}]
+    assert scalars["val/ratio"] == [1.0] and scalars["objective/kl"] == [0.0]
+    assert scalars["losses/approx_kl"] == scalars["losses/old_approx_kl"] == scalars["losses/clipfrac"] == [0.0]
+
+
+def test_bf16_eval_checkpoint_scores_in_bfloat16(tiny, tmp_path, monkeypatch):
+    """--eval-checkpoint with --bf16: the saved policy and its starting model (the KL's reference) in bfloat16,
+    the reward model in fp32; nothing trained."""
+    saved = tmp_path / "saved"
+    rlhf.save_policy(rlhf.load_policy(tiny["policy"], torch.device("cpu")), tiny["policy"], str(saved),
+                     tiny_args(tiny, tmp_path))
+    _, outputs, steps = bf16_run(rlhf, tiny_args(tiny, tmp_path, bf16=True, eval_checkpoint=str(saved),
+                                                 eval_episodes=4), monkeypatch)
+    assert outputs == {"policy": {torch.bfloat16}, "reward": {torch.float32}} and steps == []
+
+
+def test_bf16_on_a_gpu_without_it_fails_before_any_work(tiny, tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **kw: False)
+    with pytest.raises(SystemExit) as error:
+        rlhf.main(tiny_args(tiny, tmp_path, bf16=True, cuda=True))
+    assert str(error.value) == ("error: --bf16: this GPU cannot compute in bfloat16 "
+                                "(torch.cuda.is_bf16_supported() is False); run without --bf16")
+    assert not (tmp_path / "runs").exists()
 
 
 def assert_usable_as_saved(model_dir):
