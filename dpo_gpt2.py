@@ -18,8 +18,7 @@ Usage:
     python dpo_gpt2.py --model-name ./my-lm --preferences runs/<run>/preferences.jsonl --gold vader \
         --save-model
     python ppo_rlhf_gpt2.py --eval-checkpoint runs/<run>/model --reward-model vader   # score the policy
-    tensorboard --logdir runs   # rewards/{chosen,rejected,margins,accuracies}, logps/{chosen,rejected},
-                                # losses/dpo_loss, charts/learning_rate, eval/accuracy, eval/kl, ...
+    tensorboard --logdir runs   # rewards/{chosen,rejected,margins,accuracies}, logps/*, losses/*, eval/*
 
 What the code computes (pi = softmax(logits / temperature), as the RL files sample; t: a response's tokens):
     chosen_logps = sum_t log pi(y_t | prompt, y_<t) over the chosen response's tokens (detail 42); the same
@@ -58,6 +57,8 @@ Implementation details; numbers as in ppo_rlhf_gpt2.py and reward_model_gpt2.py,
 43. The implicit reward logged under TRL's names; the held-out accuracy with a standard error over prompts
     (a prompt's comparisons are not independent draws).
 44. The held-out KL estimated from the sampled tokens (k1, summed per response), as the RL files log it.
+53. --bf16: the policy's passes in bfloat16 autocast (not the gold scorer's); weights, log-probs, losses fp32;
+    the reference's log-probs over the first epoch's micro-batches, the update's shapes: first margins 0.
 """
 
 import importlib.util
@@ -86,6 +87,7 @@ class Args:
     seed: int = 1  # seed of python, numpy and torch (split, shuffling, held-out sampling)
     torch_deterministic: bool = True  # if toggled, `torch.backends.cudnn.deterministic=True`
     cuda: bool = True  # if toggled and a GPU is available, run on it
+    bf16: bool = False  # bfloat16 autocast (detail 53), not the gold scorer; slow on CPUs without bf16
     num_threads: int = 1  # torch CPU threads
     runs_dir: str = "runs"  # TensorBoard logs, held-out scores and the model go to <runs_dir>/<run_name>/
     save_model: bool = False  # save the policy, its tokenizer and sampling.json to <run dir>/model
@@ -138,6 +140,13 @@ def model_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict:
     input_ids = input_ids.masked_fill(~attention_mask, 0)
     return dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                 use_cache=False)
+
+
+def autocast_bf16(bf16: bool, device: torch.device, *models) -> None:
+    """detail 53: with --bf16, each model's forward in bfloat16 autocast, entered and left at every call (no
+    bf16 weight copy outlives a pass), weights fp32. After deep copies: a copy runs the original's forward."""
+    for model in [m for m in models if bf16 and m is not None]:
+        model.forward = torch.autocast(device.type, dtype=torch.bfloat16)(model.forward)
 
 
 def scale_logits(logits: torch.Tensor, temperature: float, pad_token_id: int) -> torch.Tensor:
@@ -214,11 +223,12 @@ def prompt_stderr(values: torch.Tensor, prompts: list[str]) -> float:
 
 
 @torch.no_grad()
-def logps_in_chunks(model, tokenizer, comparisons: list[dict], args: Args, device) -> torch.Tensor:
+def logps_in_chunks(model, tokenizer, comparisons: list[dict], args: Args, device,
+                    chunk: int | None = None) -> torch.Tensor:
     """(4, len(comparisons)): chosen_logps, rejected_logps, chosen_lengths and rejected_lengths (as
-    response_logps), forward_batch_size texts at a time (half of them chosen, half rejected), no gradients:
-    the reference's numbers (detail 41), and the held-out comparisons'."""
-    chunk = max(1, args.forward_batch_size // 2)
+    response_logps), forward_batch_size texts at a time (half of them chosen, half rejected) or chunk
+    comparisons, no gradients: the reference's numbers (detail 41), and the held-out comparisons'."""
+    chunk = chunk or max(1, args.forward_batch_size // 2)
     return torch.cat([torch.stack(response_logps(model, tokenizer, comparisons[i : i + chunk], args, device))
                       for i in range(0, len(comparisons), chunk)], dim=1)
 
@@ -273,8 +283,12 @@ def main(args: Args) -> dict:
     gold_fn = load_gold_fn(args, device) if args.gold and args.eval_episodes > 0 else None
 
     # 3. the reference's log-probs, once (detail 41): the policy before its first step is the reference
-    policy = load_policy(args.model_name, device)
-    ref_train = logps_in_chunks(policy, tokenizer, train_set, args, device)
+    policy = load_policy(args.model_name, device, args.bf16)
+    # detail 53: with --bf16, over the first epoch's micro-batches (the update's shapes): first margins 0
+    first_order = torch.randperm(len(train_set)).tolist() if args.bf16 else list(range(len(train_set)))
+    ref_train = torch.zeros(4, len(train_set), device=device)
+    ref_train[:, first_order] = logps_in_chunks(policy, tokenizer, [train_set[i] for i in first_order], args,
+                                                device, args.micro_batch_size if args.bf16 else None)
     ref_eval = None  # the held-out ones: the policy's at the step-0 evaluation
     optimizer = torch.optim.Adam(policy.parameters(), lr=args.learning_rate, eps=1e-5)  # detail 3
     writer = SummaryWriter(run_dir)
@@ -293,7 +307,7 @@ def main(args: Args) -> dict:
         if gold_accuracy is not None:  # detail 39: the ceiling, beside the held-out accuracy
             writer.add_scalar("eval/gold_accuracy", gold_accuracy, step)
         if args.eval_episodes > 0:  # detail 41: at step 0 the policy is the reference, later it is reloaded
-            reference = policy if step == 0 else load_policy(args.model_name, device)
+            reference = policy if step == 0 else load_policy(args.model_name, device, args.bf16)
             eval_stats.update(evaluate_samples(policy, reference, eval_prompts, tokenizer, stop_token_id,
                                                gold_fn, args, device))
             del reference
@@ -305,7 +319,7 @@ def main(args: Args) -> dict:
     try:
         held_out_evaluation()
         for epoch in range(args.num_epochs):  # detail 40
-            order = torch.randperm(len(train_set)).tolist()
+            order = first_order if epoch == 0 and args.bf16 else torch.randperm(len(train_set)).tolist()
             for start in range(0, len(train_set) - args.batch_size + 1, args.batch_size):
                 step += 1
                 if args.anneal_lr:  # detail 4
@@ -470,6 +484,9 @@ def check_args(args: Args) -> None:
     require(("beta",), lambda v: v > 0 and math.isfinite(v), "positive")
     require(("label_smoothing",), lambda v: 0 <= v < 0.5, "in [0, 0.5): the share of labels assumed flipped")
     require(("loss_type",), lambda v: v in ("sigmoid", "ipo"), "`sigmoid` or `ipo`")
+    if args.bf16 and args.cuda and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
+        raise SystemExit("error: --bf16: this GPU cannot compute in bfloat16 (torch.cuda.is_bf16_supported() "
+                         "is False); run without --bf16")
     if args.label_smoothing > 0 and args.loss_type != "sigmoid":
         raise SystemExit(f"error: --label-smoothing {args.label_smoothing}: it applies to --loss-type "
                          "sigmoid only; pass 0 with ipo")
@@ -616,8 +633,9 @@ def check_max_length(model_name: str, tokenizer, texts: list[str], args: Args) -
               "their first tokens")
 
 
-def load_policy(model_name: str, device: torch.device) -> nn.Module:
+def load_policy(model_name: str, device: torch.device, bf16: bool = False) -> nn.Module:
     policy = from_pretrained(AutoModelForCausalLM, model_name, "--model-name", dtype=torch.float32)
+    autocast_bf16(bf16, device, policy)
     return policy.to(device).eval()  # detail 28
 
 
@@ -709,7 +727,7 @@ def generate(policy, queries: torch.Tensor, response_length: int, temperature: f
         output = policy(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                         past_key_values=past_key_values, use_cache=True, logits_to_keep=1)
         past_key_values = output.past_key_values
-        logits = output.logits[:, -1] / temperature  # detail 26
+        logits = output.logits[:, -1].float() / temperature  # detail 26; fp32, also under --bf16
         if pad_token_id < logits.shape[-1]:  # detail 23: a pad id inside the vocabulary is never sampled
             logits[:, pad_token_id] = torch.finfo(logits.dtype).min
         token = torch.multinomial(logits.softmax(-1), 1)  # detail 27: pure sampling

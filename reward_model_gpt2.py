@@ -1,19 +1,17 @@
 """A reward model trained from pairwise preferences (Bradley-Terry): the first step of RLHF, every detail.
 
-Each comparison is a prompt and two responses to it, `chosen` and `rejected`. The reward model reads the text
-prompt + response (the string ppo_rlhf_gpt2.py's reward function receives) with an end token appended, and
-outputs one number, the score, read from the final states of the response and that end token: positions every
-text has, whether or not the response ended. It starts from the policy's weights with a new scalar head, and
-learns to score the chosen response above the rejected one. Without human labelers, `--gold` makes the
-comparisons: two responses per prompt sampled from the policy, a gold scorer (vader sentiment, the length, or
-a classifier) standing in for the human, who prefers a response with the Bradley-Terry probability below. The
-file is written first, then trained on, so it can be read and reused; its gold scores give the gold labeler's
-own agreement with the labels, the ceiling of a reward model's held-out accuracy (the labels are noisy).
+Each comparison is a prompt and two responses to it, `chosen` and `rejected`. The reward model reads prompt +
+response (the text ppo_rlhf_gpt2.py's reward function reads) with an end token appended, and outputs one
+number, the score (detail 36). It starts from the policy's weights with a new scalar head and learns to score
+the chosen response above the rejected one. Without human labelers, `--gold` makes the comparisons: two
+responses per prompt sampled from the policy, a gold scorer (vader sentiment, the length, or a classifier)
+standing in for the human, who prefers a response with the Bradley-Terry probability below. The file is
+written first, then trained on, so it can be read and reused; its gold scores give the gold labeler's own
+agreement with the labels, the ceiling of a reward model's held-out accuracy (the labels are noisy).
 
-Papers: Ziegler et al. 2019, "Fine-Tuning Language Models from Human Preferences" (arXiv:1909.08593);
-Stiennon et al. 2020, "Learning to Summarize from Human Feedback" (arXiv:2009.01325); Ouyang et al. 2022,
-InstructGPT (arXiv:2203.02155); Huang et al. 2024, "The N+ Implementation Details of RLHF with PPO"
-(arXiv:2403.17031).
+Papers: Ziegler et al. 2019, "Fine-Tuning Language Models from Human Preferences" (arXiv:1909.08593); Stiennon
+et al. 2020, "Learning to Summarize from Human Feedback" (arXiv:2009.01325); Ouyang et al. 2022, InstructGPT
+(arXiv:2203.02155); Huang et al. 2024, "The N+ Implementation Details of RLHF with PPO" (arXiv:2403.17031).
 
 Usage:
     python reward_model_gpt2.py --model-name ./my-lm --gold vader --num-comparisons 2000 --save-model
@@ -32,12 +30,10 @@ One comparison a line of --preferences (JSON): {"prompt": ..., "chosen": ..., "r
 
 Implementation details; numbers as in ppo_rlhf_gpt2.py, 35 on for the reward model's own:
  3. Adam with eps = 1e-5.   4. The learning rate decays linearly to 0.   11. Gradient-norm clipping.
-23-29 in the --gold sampling: a pad token distinct from EOS, left padding, position ids from the mask,
-    logits / temperature, pure sampling, dropout off, truncation after the first stop token.
-25. Position ids from the attention mask in every forward pass.   28. Dropout off: eval mode, also training.
-31. Reward normalization, after training: the scores set to mean 0 and std 1 on the responses of the
-    preference file (with --gold: the initial policy's own samples). The gain is folded into the head's
-    weight (exact; the head has no bias), the shift saved as config.reward_bias for the RLHF scripts.
+23-29 in the --gold sampling, 25 and 28 (eval mode) in every pass: a pad token other than EOS, left padding,
+    position ids from the mask, logits / temperature, pure sampling, no dropout, truncation at the stop token.
+31. Reward normalization after training, to mean 0 and std 1 on the file's responses (--gold: the initial
+    policy's samples): the gain folded into the head (exact: no bias), the shift saved as config.reward_bias.
 35. The reward model is the policy's backbone plus a scalar head, initialized N(0, 1 / (hidden + 1)).
 36. The score is read from the mean final state over the response's tokens (those whose characters end
     after the prompt's) and an end token, the EOS, appended to every text and found from the attention mask
@@ -48,10 +44,10 @@ Implementation details; numbers as in ppo_rlhf_gpt2.py, 35 on for the reward mod
 39. A seeded held-out split by prompt (held-out prompts are never trained on), beside the gold labeler.
 40. The whole model trained, one epoch by default (reward models overfit fast); a random head (--no-probe) at
     1e-3: at the backbone's learning rate, Adam would move its random weights by a fraction of their scale.
-45. LP-FT (Kumar et al. 2022, arXiv:2202.10054): first the head alone, w = fit_probe(...), the minimum over
-    the frozen features it reads of reward_loss + probe_l2 |w * std|^2 (L-BFGS; std over the training
-    responses), probe_l2 the best of --probe-l2 by cross-validation over folds of whole training prompts;
-    then the whole model, the fitted head at the backbone's rate (unless --head-learning-rate).
+45. LP-FT (Kumar et al. 2022, arXiv:2202.10054): first the head alone, fit_probe on the frozen features (its
+    L2 on w * std the best of --probe-l2 by cross-validation over folds of training prompts), then the whole
+    model, the head at the backbone's rate (unless --head-learning-rate).
+53. --bf16: the policy's and the reward model's passes in bfloat16 autocast; weights, scores, losses fp32.
 """
 
 import importlib.util
@@ -79,6 +75,7 @@ class Args:
     seed: int = 1  # seed of python, numpy and torch (sampling, labels, split, shuffling)
     torch_deterministic: bool = True  # if toggled, `torch.backends.cudnn.deterministic=True`
     cuda: bool = True  # if toggled and a GPU is available, run on it
+    bf16: bool = False  # bfloat16 autocast (detail 53), not the gold scorer; slow on CPUs without bf16
     num_threads: int = 1  # torch CPU threads
     runs_dir: str = "runs"  # TensorBoard logs, held-out scores and the model go to <runs_dir>/<run_name>/
     save_model: bool = False  # save the reward model and its tokenizer (save_pretrained) to <run dir>/model
@@ -137,6 +134,13 @@ def model_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict:
                 use_cache=False)
 
 
+def autocast_bf16(bf16: bool, device: torch.device, *models) -> None:
+    """detail 53: with --bf16, each model's forward in bfloat16 autocast, entered and left at every call (no
+    bf16 weight copy outlives a pass), weights fp32. After deep copies: a copy runs the original's forward."""
+    for model in [m for m in models if bf16 and m is not None]:
+        model.forward = torch.autocast(device.type, dtype=torch.bfloat16)(model.forward)
+
+
 def bradley_terry_labels(gold_a: torch.Tensor, gold_b: torch.Tensor, beta: float,
                          generator: torch.Generator) -> torch.Tensor:
     """detail 38: True where the gold labeler prefers a, with probability sigma((gold_a - gold_b) / beta)."""
@@ -181,7 +185,7 @@ def reward_scores(reward_model, input_ids: torch.Tensor, attention_mask: torch.T
     mean: the response's tokens and the end token), or without one at the last real token (the rightmost
     position the mask keeps: the end token where one was appended), so left and right padding give the same
     scores. Returns (batch,)."""
-    hidden = reward_model.base_model(**model_inputs(input_ids, attention_mask)).last_hidden_state
+    hidden = reward_model.base_model(**model_inputs(input_ids, attention_mask)).last_hidden_state.float()
     if readout_mask is not None:
         weights = readout_mask.to(hidden.dtype) / readout_mask.sum(1, keepdim=True)
         return reward_model.score((weights.unsqueeze(-1) * hidden).sum(1)).squeeze(-1)
@@ -273,7 +277,7 @@ def main(args: Args) -> dict:
     # 2. preferences: with --gold, sample and label them, and write the file before training on it
     preferences = args.preferences
     if args.gold:
-        gold_fn, policy = load_gold_fn(args, device), load_policy(args.model_name, device)
+        gold_fn, policy = load_gold_fn(args, device), load_policy(args.model_name, device, args.bf16)
         prompts = load_gold_prompts(args)
         sampled = sample_comparisons(policy, prompts, tokenizer, stop_token_id, gold_fn, args, device)
         del policy, gold_fn
@@ -291,7 +295,7 @@ def main(args: Args) -> dict:
 
     # 3. the reward model: the policy's backbone and a scalar head (detail 35), Adam (detail 3), the head at
     # its own learning rate if it starts random (detail 40), at the backbone's if probed first (detail 45)
-    reward_model = load_reward_model(args.model_name, device)
+    reward_model = load_reward_model(args.model_name, device, args.bf16)
     backbone = [p for name, p in reward_model.named_parameters() if not name.startswith("score.")]
     head_learning_rate = args.head_learning_rate or (args.learning_rate if args.probe else 1e-3)
     learning_rates = (args.learning_rate, head_learning_rate)
@@ -508,6 +512,9 @@ def check_args(args: Args) -> None:
     require(("probe_l2",), lambda v: len(v) >= 1 and all(x >= 0 and math.isfinite(x) for x in v),
             "one or more numbers, each at least 0")
     require(("readout",), lambda v: v in ("mean", "end", "last"), "`mean`, `end` or `last`")
+    if args.bf16 and args.cuda and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
+        raise SystemExit("error: --bf16: this GPU cannot compute in bfloat16 (torch.cuda.is_bf16_supported() "
+                         "is False); run without --bf16")
     if not 0 <= args.min_response_length < args.response_length:
         raise SystemExit(f"error: --min-response-length {args.min_response_length} must be at least 0 and "
                          f"smaller than --response-length {args.response_length}")
@@ -688,12 +695,13 @@ def check_max_length(model_name: str, tokenizer, texts: list[str], args: Args) -
               "their first tokens")
 
 
-def load_policy(model_name: str, device: torch.device) -> nn.Module:
+def load_policy(model_name: str, device: torch.device, bf16: bool = False) -> nn.Module:
     policy = from_pretrained(AutoModelForCausalLM, model_name, "--model-name", dtype=torch.float32)
+    autocast_bf16(bf16, device, policy)
     return policy.to(device).eval()  # detail 28
 
 
-def load_reward_model(model_name: str, device: torch.device) -> nn.Module:
+def load_reward_model(model_name: str, device: torch.device, bf16: bool = False) -> nn.Module:
     """detail 35: the policy's backbone with a new one-output head `score` (no bias in GPT-2's or Llama's)."""
     reward_model = from_pretrained(AutoModelForSequenceClassification, model_name, "--model-name",
                                    num_labels=1, dtype=torch.float32)
@@ -701,6 +709,7 @@ def load_reward_model(model_name: str, device: torch.device) -> nn.Module:
         raise SystemExit(f"error: --model-name {model_name}: {type(reward_model).__name__} has no bias-free "
                          "linear head `score` (GPT-2 and Llama models have one)")
     nn.init.normal_(reward_model.score.weight, std=1 / math.sqrt(reward_model.config.hidden_size + 1))
+    autocast_bf16(bf16, device, reward_model.base_model)  # the backbone; the head reads its states in fp32
     return reward_model.to(device).eval()  # detail 28: dropout off, also while training
 
 
@@ -783,7 +792,7 @@ def generate(policy, queries: torch.Tensor, response_length: int, temperature: f
         output = policy(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                         past_key_values=past_key_values, use_cache=True, logits_to_keep=1)
         past_key_values = output.past_key_values
-        logits = output.logits[:, -1] / temperature  # detail 26
+        logits = output.logits[:, -1].float() / temperature  # detail 26; fp32, also under --bf16
         if pad_token_id < logits.shape[-1]:  # detail 23: a pad id inside the vocabulary is never sampled
             logits[:, pad_token_id] = torch.finfo(logits.dtype).min
         token = torch.multinomial(logits.softmax(-1), 1)  # detail 27: pure sampling

@@ -837,36 +837,47 @@ def check_evaluation_samples_as_saved(module, make_args, tmp_path, capsys, **tra
 
 
 def bf16_run(module, args, monkeypatch):
-    """An RL file's main(args), watched: the dtypes of the outputs of its models' forward passes (the policy and
-    its copy the reference, the value model, the reward model: hooks on what load_policy, load_value_model and
-    from_pretrained return), and after each optimizer step those of the trained parameters and of Adam's state.
-    Returns the logged scalars (none for --eval-checkpoint), {model: dtypes} and a set of dtypes per step."""
+    """A language-model script's main(args), watched: the dtypes of the outputs of its models' matrix-multiplying
+    layers (those with a 2-D weight, embeddings aside), hooked on what load_policy and load_value_model return (so
+    also on the RL files' reference, the policy's copy), on the backbone of load_reward_model's, and ("reward") on
+    a sequence classifier an RL file's from_pretrained loads, its reward model; and after each Adam step those of
+    the trained parameters and of Adam's state. Returns the logged scalars (none for --eval-checkpoint), {model:
+    dtypes} of the models that ran, and a set of dtypes per step."""
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     outputs = {}
 
     def hooked(model, name):
-        outputs[name] = set()
-        model.register_forward_hook(lambda m, a, output: outputs[name].add(getattr(output, "logits", output).dtype))
+        seen = outputs.setdefault(name, set())
+        for layer in model.modules():
+            weight = getattr(layer, "weight", None)
+            if torch.is_tensor(weight) and weight.dim() == 2 and not isinstance(layer, torch.nn.Embedding):
+                layer.register_forward_hook(lambda m, a, output: seen.add(output.dtype))
         return model
 
     real_from_pretrained = module.from_pretrained
     monkeypatch.setattr(module, "from_pretrained", lambda auto_class, *a, **kw: hooked(
         real_from_pretrained(auto_class, *a, **kw), "reward") if auto_class is module.AutoModelForSequenceClassification
-        else real_from_pretrained(auto_class, *a, **kw))
-    for loader in ("load_policy", "load_value_model"):
+        and not hasattr(module, "load_reward_model") else real_from_pretrained(auto_class, *a, **kw))
+    for loader in ("load_policy", "load_value_model", "load_reward_model"):
         if hasattr(module, loader):
-            real = getattr(module, loader)
-            monkeypatch.setattr(module, loader, lambda *a, real=real, loader=loader: hooked(real(*a), loader[5:]))
-    steps = []
-    handle = register_optimizer_step_post_hook(lambda optimizer, a, kw: steps.append(
-        {t.dtype for group in optimizer.param_groups for p in group["params"]
-         for t in [p, *optimizer.state[p].values()] if torch.is_tensor(t)}))
+            def load(*a, real=getattr(module, loader), name=loader[5:]):
+                model = real(*a)
+                hooked(model.base_model if name == "reward_model" else model, name)
+                return model
+            monkeypatch.setattr(module, loader, load)
+    steps = []  # Adam's (not the reward model's L-BFGS probe, fitted in float64)
+    handle = register_optimizer_step_post_hook(lambda optimizer, a, kw: isinstance(optimizer, torch.optim.Adam)
+                                               and steps.append({t.dtype for group in optimizer.param_groups
+                                                                 for p in group["params"]
+                                                                 for t in [p, *optimizer.state[p].values()]
+                                                                 if torch.is_tensor(t)}))
     try:
         stats = module.main(args)
     finally:
         handle.remove()
-    return read_scalars(stats["run_dir"]) if "run_dir" in stats else {}, outputs, steps
+    return (read_scalars(stats["run_dir"]) if "run_dir" in stats else {}, {k: v for k, v in outputs.items() if v},
+            steps)
 
 
 def run_one_and_two_processes(root, flags):

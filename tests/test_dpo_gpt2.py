@@ -15,6 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from tyro._docstrings import get_field_docstring
 
+from conftest import bf16_run
 import dpo_gpt2 as dpo
 import ppo_rlhf_gpt2 as rlhf
 import reward_model_gpt2 as rm
@@ -208,6 +209,28 @@ def test_one_step_raises_the_chosen_log_ratio_against_the_rejected_one(tiny, los
 
 
 # ---------------------------------------------------------------------------------------------- main
+
+
+def test_bf16_runs_the_policy_in_bfloat16_with_first_margins_of_exactly_0(tiny, tmp_path, monkeypatch):
+    """--bf16 (detail 53): the reference's log-probs are computed over the first epoch's micro-batches (the
+    update's shapes), so at the first step, where the policy is the reference, the implicit rewards and margins
+    are exactly 0 (every pair a tie), as at the step-0 evaluation; the policy (and the reference the sampled
+    evaluation reloads) ran in bfloat16, the weights and Adam's state stayed fp32."""
+    scalars, outputs, steps = bf16_run(dpo, tiny_args(tiny, tmp_path, bf16=True, eval_episodes=2), monkeypatch)
+    assert outputs == {"policy": {torch.bfloat16}} and len(steps) == 4 and all(s == {torch.float32} for s in steps)
+    for tag in ("rewards/chosen", "rewards/rejected", "rewards/margins", "eval/margins_mean"):
+        assert scalars[tag][0] == 0.0 and scalars[tag][-1] != 0.0, tag
+    assert scalars["rewards/accuracies"][0] == 0.5
+
+
+def test_bf16_on_a_gpu_without_it_fails_before_any_work(tiny, tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **kw: False)
+    with pytest.raises(SystemExit) as error:
+        dpo.main(tiny_args(tiny, tmp_path, bf16=True, cuda=True))
+    assert str(error.value) == ("error: --bf16: this GPU cannot compute in bfloat16 "
+                                "(torch.cuda.is_bf16_supported() is False); run without --bf16")
+    assert not (tmp_path / "runs").exists()
 
 
 def test_main_logs_trl_s_names_and_scores_the_split_of_reward_model_gpt2(tiny, tmp_path):

@@ -25,7 +25,7 @@ from tyro._docstrings import get_field_docstring
 import grpo_gpt2
 import ppo_rlhf_gpt2 as rlhf
 import reward_model_gpt2 as rm
-from conftest import EOS, REVIEWS, byte_level_bpe
+from conftest import EOS, REVIEWS, bf16_run, byte_level_bpe
 
 CPU = torch.device("cpu")
 
@@ -684,6 +684,25 @@ def test_learning_a_separable_preference_and_the_logs(tiny, tmp_path):
     assert all(v == pytest.approx(gold) for _, v in scalars["eval/gold_accuracy"])
     losses = [v for _, v in scalars["losses/reward_loss"]]
     assert sum(losses[-5:]) < sum(losses[:5])
+
+
+def test_bf16_samples_and_trains_in_bfloat16_with_fp32_weights_and_losses(tiny, tmp_path, monkeypatch):
+    """--bf16 (detail 53): the policy samples the --gold comparisons and the reward model's backbone runs in
+    bfloat16 (its head reads fp32 states); the losses are finite and, on the same comparisons, differ from an
+    fp32 run's; the weights and Adam's state stay fp32."""
+    scalars, outputs, steps = bf16_run(rm, tiny_args(tiny, tmp_path / "gold", bf16=True), monkeypatch)
+    assert outputs == {"policy": {torch.bfloat16}, "reward_model": {torch.bfloat16}}
+    assert steps and all(s == {torch.float32} for s in steps)
+    (preferences,) = (tmp_path / "gold" / "runs").glob("*/preferences.jsonl")
+    losses = {}
+    for bf16 in (True, False):
+        args = tiny_args(tiny, tmp_path / str(bf16), bf16=bf16, gold=None, preferences=str(preferences))
+        scalars, outputs, steps = bf16_run(rm, args, monkeypatch)
+        assert outputs == {"reward_model": {torch.bfloat16 if bf16 else torch.float32}}, bf16
+        assert len(steps) > 1 and all(s == {torch.float32} for s in steps)
+        losses[bf16] = scalars["losses/reward_loss"]
+    assert all(map(math.isfinite, losses[True])) and len(losses[True]) == len(losses[False])
+    assert losses[True] != losses[False]
 
 
 def test_main_passes_each_quantity_where_it_belongs(tiny, tmp_path, monkeypatch):
