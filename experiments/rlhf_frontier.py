@@ -520,9 +520,10 @@ def frontier_rows(records: list[dict]) -> list[dict]:
     return out
 
 
-def tuned_lines(tuning_runs: str, records: list[dict]) -> list[str]:
+def tuned_lines(tuning_runs: str, records: list[dict], rm_minutes: float | None = None) -> list[str]:
     """The page's part on the tuning: each method's chosen setting on the test prompts (its test seeds), the
-    differences between them, and each grid's validation runs."""
+    differences between them, what a user pays to reach KL 3 (the tuning runs, the reward model the RL methods
+    need, one run), and each grid's validation runs."""
     tables = {m: tuning_table(tuning_runs, m) for m in TUNING}  # each grid's recorded runs, read once
     methods = [m for m in TUNING if tables[m]]
     if not methods:
@@ -536,33 +537,41 @@ def tuned_lines(tuning_runs: str, records: list[dict]) -> list[str]:
              f"at KL >= {STOP_KL:g}; chosen: the highest validation gold at KL {STOP_KL:g}, the cheapest "
              f"(CPU minutes to it) within {protocol.TIE} of it, a run that never reaches KL {STOP_KL:g} only if none "
              "does (experiments/protocol.py); then its test seeds on the held-out prompts. Gold at KL 3: mean over "
-             "seeds, 95% t-interval; per point: the mean standard error over prompts of one run's point.", "",
+             "seeds, 95% t-interval; per point: the mean standard error over prompts of one run's point. All in: "
+             "the tuning runs' CPU minutes, the reward model's (PPO, GRPO), and one run's to KL 3.", "",
              "| method | chosen setting | test seeds | gold at KL 3 | per-point SE | CPU minutes to KL 3 | "
-             "tuning: runs, CPU minutes |", "|---" * 7 + "|"]
-    tested = {}
+             "tuning: runs, CPU minutes | all in |", "|---" * 8 + "|"]
+    tested, all_in = {}, {}
     for m in methods:
         runs_cpu = f"{len(tables[m])}/{len(TUNING[m])}, {sum(r['cpu_minutes'] for r in tables[m]):.1f}"
         if m not in chosen:
-            lines.append(f"| {m} | (tuning runs missing) | - | - | - | - | {runs_cpu} |")
+            lines.append(f"| {m} | (tuning runs missing) | - | - | - | - | {runs_cpu} | - |")
             continue
         seeds = [r for r in records
                  if (r["method"], r["setting"]) == (m, chosen[m]) and r["seed"] != protocol.TUNING_SEED]
         golds = [gold_at_kl(r["points"], 3.0) for r in seeds]
         if not seeds or None in golds:
             lines.append(f"| {m} | {chosen[m]} | {len(seeds)} run, " + ("not all reach KL 3" if seeds else "none yet")
-                         + f" | - | - | - | {runs_cpu} |")
+                         + f" | - | - | - | {runs_cpu} | - |")
             continue
         tested[m] = golds
         mean, half, _ = mean_interval(golds)
         se = np.mean([float(at_kl(r["points"], 3.0, "gold_se")) for r in seeds])
         cpu = [cpu_at_kl(r, 3.0) for r in seeds]
+        needs_rm = m != "dpo"
+        if None not in cpu and (rm_minutes is not None or not needs_rm):
+            all_in[m] = sum(r["cpu_minutes"] for r in tables[m]) + (rm_minutes if needs_rm else 0.0) + np.mean(cpu)
         lines.append(f"| {m} | {chosen[m]} | {', '.join(str(r['seed']) for r in seeds)} | {mean:.3f} ± {half:.3f} | "
-                     f"{se:.3f} | " + ("-" if None in cpu else f"{np.mean(cpu):.1f}") + f" | {runs_cpu} |")
+                     f"{se:.3f} | " + ("-" if None in cpu else f"{np.mean(cpu):.1f}") + f" | {runs_cpu} | "
+                     + (f"{all_in[m]:.1f}" if m in all_in else "-") + " |")
     if len(tested) > 1:
         lines += ["", "Differences at KL 3 on the test prompts, 95% Welch intervals over seeds:", ""]
         for a, b in itertools.combinations(tested, 2):
             d, h = difference_interval(tested[a], tested[b])
             lines.append(f"- {a} minus {b}: {d:+.3f} ± {h:.3f}" + ("" if abs(d) > h else " (inconclusive)"))
+    if "dpo" in all_in and "ppo" in all_in:
+        lines += ["", f"All in, DPO's CPU minutes are {all_in['dpo'] / all_in['ppo']:.1%} of PPO's (the goal: at most "
+                  "a quarter, with DPO's gold at KL 3 at least PPO's)."]
     for m in methods:
         lines += ["", f"{m}'s tuning runs (validation prompts):", "",
                   f"| setting | gold at KL {STOP_KL:g} | CPU minutes to it | CPU minutes of the run | last point: KL, "
@@ -586,7 +595,8 @@ def report(args: Report) -> str:
     initial = read_json(os.path.join(runs, "initial.json"))
     rm_record = read_json(os.path.join(runs, "reward_model.json")) if os.path.exists(
         os.path.join(runs, "reward_model.json")) else None
-    lines = tuned_lines(os.path.join(runs, "tuning"), records) + ["## The frontier", "",
+    lines = tuned_lines(os.path.join(runs, "tuning"), records, rm_record and rm_record["cpu_minutes"]) + [
+        "## The frontier", "",
              f"Initial policy: gold {initial['gold']:.3f} ± {initial['gold_se']:.3f} (standard error over "
              f"{len(initial['gold_per_prompt'])} held-out prompts). Gold at each KL: the mean over seeds and its "
              "95% t-interval (best-of-n: over prompts); \"m/n\": only m of the n seeds reached that KL. CPU: "

@@ -383,3 +383,32 @@ def test_a_point_s_means_and_standard_errors_are_over_prompts_by_hand(tiny, monk
     assert point["gold_per_prompt"] == pytest.approx([0.15, 0.35, 0.55])
     # KL prompt means 2, 2, 2: standard error 0, though the samples vary
     assert point["kl"] == pytest.approx(2.0) and point["kl_se"] == pytest.approx(0.0)
+
+
+def test_the_tuned_table_counts_tuning_the_reward_model_and_one_run_all_in(tmp_path, monkeypatch):
+    """Made-up records: DPO's two tuning runs took 3 and 5 CPU minutes, PPO's 10 and 30; each test seed passes
+    KL 3 a quarter of the way from a point at KL 2 to one at KL 6 (gold 0.3 and 0.7: 0.4 at KL 3; minutes 2 and 6
+    for DPO: 3.0, 8 and 12 for PPO: 9.0). All in: DPO 3 + 5 + 3 = 11, PPO 10 + 30 + the reward model's 20 + 9 = 69."""
+    monkeypatch.setattr(F, "TUNING", {"dpo": {"a": "", "b": ""}, "ppo": {"c": "", "d": ""}})
+    tuning = tmp_path / "tuning"
+
+    def record(method, setting, seed, minutes, golds, kls, cpus):
+        points = [{"kl": k, "gold": g, "gold_se": 0.02, "cpu_minutes": c, "step": i}
+                  for i, (k, g, c) in enumerate(zip(kls, golds, cpus))]
+        return {"method": method, "setting": setting, "seed": seed, "cpu_minutes": minutes, "points": points}
+
+    (tuning / "dpo").mkdir(parents=True)
+    (tuning / "ppo").mkdir()
+    (tuning / "initial.json").write_text(json.dumps({"gold": 0.1, "gold_se": 0.01}))
+    for method, setting, minutes, gold in [("dpo", "a", 3.0, 0.5), ("dpo", "b", 5.0, 0.2), ("ppo", "c", 10.0, 0.6),
+                                           ("ppo", "d", 30.0, 0.1)]:
+        run = record(method, setting, F.protocol.TUNING_SEED, minutes, [0.1, gold], [0.0, 4.0], [0.0, minutes])
+        (tuning / method / f"{setting}__{F.protocol.TUNING_SEED}.json").write_text(json.dumps(run))
+    tests = [record("dpo", "a", s, 9.0, [0.1, 0.3, 0.7], [0.0, 2.0, 6.0], [0.0, 2.0, 6.0]) for s in (4, 5)]
+    tests += [record("ppo", "c", s, 20.0, [0.1, 0.3, 0.7], [0.0, 2.0, 6.0], [0.0, 8.0, 12.0]) for s in (4, 5)]
+    text = "\n".join(F.tuned_lines(str(tuning), tests, rm_minutes=20.0))
+    assert "| dpo | a | 4, 5 | 0.400 ± 0.000 | 0.020 | 3.0 | 2/2, 8.0 | 11.0 |" in text
+    assert "| ppo | c | 4, 5 | 0.400 ± 0.000 | 0.020 | 9.0 | 2/2, 40.0 | 69.0 |" in text
+    assert f"All in, DPO's CPU minutes are {11 / 69:.1%} of PPO's" in text
+    # without the reward model's minutes, PPO's all-in cost is not stated
+    assert "| 2/2, 40.0 | - |" in "\n".join(F.tuned_lines(str(tuning), tests))
