@@ -121,6 +121,24 @@ def test_dpo_trains_on_the_gpu_and_its_saved_policy_loads_on_the_cpu(tiny, tmp_p
         assert np.isfinite(evaluated["eval"]["final"]["raw_score_mean"])
 
 
+@pytest.mark.parametrize("module", [rlhf, grpo, dpo], ids=lambda m: m.__name__)
+def test_bf16_s_first_step_is_exact_on_the_gpu(tiny, tmp_path, module):
+    """--bf16 (detail 53) on the GPU, where cuBLAS may compute a row differently in a matrix of another shape: the
+    old log-probs and the reference's, from passes of the update's micro-batch shape, give a first ratio of exactly
+    1 and a KL of exactly 0 (DPO: the first step's margins exactly 0), one minibatch of 4 micro-batches."""
+    if module is dpo:
+        scalars = dpo_read_scalars(on_the_gpu(lambda: dpo.main(dpo_tiny_args(tiny, tmp_path, cuda=True, bf16=True)))
+                                   ["run_dir"])
+        assert all(scalars[tag][0][1] == 0.0 for tag in ("rewards/chosen", "rewards/rejected", "rewards/margins"))
+        return
+    make_args = tiny_args if module is rlhf else grpo_tiny_args
+    args = make_args(tiny, tmp_path, cuda=True, bf16=True, num_minibatches=1, gradient_accumulation_steps=4,
+                     update_epochs=1, total_episodes=8, response_length=16)
+    result = on_the_gpu(lambda: module.main(args))
+    assert result["val/ratio"] == 1.0 and result["objective/kl"] == 0.0
+    assert result["losses/approx_kl"] == result["losses/old_approx_kl"] == result["losses/clipfrac"] == 0.0
+
+
 def test_reward_model_probes_and_trains_on_the_gpu_as_on_the_cpu_and_loads_on_the_cpu(tiny, tmp_path):
     """The default run: the head fitted on the frozen features with a cross-validated L2 (detail 45), then the whole
     model trained. The same comparisons on either device: the same L2 chosen and, at step 0, the same held-out loss
