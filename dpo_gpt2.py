@@ -43,7 +43,7 @@ Implementation details; numbers as in ppo_rlhf_gpt2.py and reward_model_gpt2.py,
 37. The Bradley-Terry loss, averaged over pairs; chosen and rejected responses in one forward pass.
 39. A seeded held-out split by prompt (held-out prompts are never trained on), beside the gold labeler.
     The same flags hold out reward_model_gpt2.py's comparisons; --split-seed fixes the split, --seed the rest.
-40. The whole model trained, one epoch by default.
+40. The whole model trained, one epoch by default; a higher learning rate moves it further (a larger KL).
 41. The reference is the policy before its first step: its log-probs of every training response are computed
     once, in chunks without gradients, before training, so no second model is in memory while training; those
     of the held-out responses are the policy's own at the step-0 evaluation (one pass, not two). The sampled
@@ -117,7 +117,7 @@ class Args:
     batch_size: int = 32  # comparisons per optimizer step
     gradient_accumulation_steps: int = 4  # micro-batches per batch (each holds vocabulary-sized logits)
     forward_batch_size: int = 16  # prompts per sampling pass, texts per pass without gradients
-    learning_rate: float = 5e-6  # the learning rate of Adam (TRL: 1e-6 over many more steps)
+    learning_rate: float = 5e-5  # Adam's (TRL: 1e-6 over many more steps); higher: further from the reference
     anneal_lr: bool = True  # anneal the learning rate linearly to 0
     max_grad_norm: float = 1.0  # the maximum norm of the global gradient
     eval_every: int = 0  # also evaluate every this many steps (0: before and after training only)

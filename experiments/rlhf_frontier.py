@@ -60,7 +60,7 @@ KL_TARGETS = (1.0, 2.0, 3.0, 6.0)
 # settings of docs/results/ppo_rlhf_gpt2.md; the defaults take hours a run on a CPU), GRPO's the same.
 RL = "--total-episodes 1280 --batch-size 64 --num-minibatches 4 --update-epochs 1 --learning-rate 5e-5 --eval-every 4"
 # method: (script, {setting: flags}); {rm}: the reward model, {prefs}: the file. DPO: (beta, lr, --eval-every), on
-# the reward model's split, at its lr (DPO's 5e-6 barely moves in an epoch), and to reach further at 5e-5 to 1e-4:
+# the reward model's split, at 2e-5 (DPO's default then, 5e-6, barely moved in an epoch), and further at 5e-5 to 1e-4:
 DPO = (("0.1", "2e-5", 17), ("0.03", "2e-5", 17), ("0.3", "2e-5", 17), ("0.1", "5e-5", 17), ("0.1", "1e-4", 6),
        ("0.1", "7e-5", 9), ("0.03", "7e-5", 9), ("0.3", "7e-5", 9))
 METHODS = {
@@ -551,7 +551,7 @@ def tuned_lines(tuning_runs: str, records: list[dict], rm_minutes: float | None 
                  if (r["method"], r["setting"]) == (m, chosen[m]) and r["seed"] != protocol.TUNING_SEED]
         golds = [gold_at_kl(r["points"], 3.0) for r in seeds]
         if not seeds or None in golds:
-            lines.append(f"| {m} | {chosen[m]} | {len(seeds)} run, " + ("not all reach KL 3" if seeds else "none yet")
+            lines.append(f"| {m} | {chosen[m]} | " + (f"{len(seeds)}, not all reach KL 3" if seeds else "none yet")
                          + f" | - | - | - | {runs_cpu} | - |")
             continue
         tested[m] = golds
