@@ -1379,3 +1379,14 @@ def check_ppo_steps_apply_the_clipped_gradient(module, args, optimizer_steps, mi
     returns = torch.as_tensor(rows["returns"][r]).float()
     v_loss = module.value_loss(newvalue, newvalue.detach(), returns, args.clip_coef, False)
     check_each_loss_reaches(agent, zip((pg_loss, entropy.mean(), v_loss), reaches))
+
+
+def check_bf16_needs_a_gpu_that_has_it(main, args, runs_dir, monkeypatch):
+    """--bf16 on a GPU without bfloat16 (mocked): one line naming the flag and the fix, before any work."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **kw: False)
+    with pytest.raises(SystemExit) as error:
+        main(args)
+    assert str(error.value) == ("error: --bf16: this GPU cannot compute in bfloat16 "
+                                "(torch.cuda.is_bf16_supported() is False); run without --bf16")
+    assert not runs_dir.exists()

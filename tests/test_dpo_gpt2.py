@@ -15,7 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from tyro._docstrings import get_field_docstring
 
-from conftest import bf16_run
+from conftest import bf16_run, check_bf16_needs_a_gpu_that_has_it
 import dpo_gpt2 as dpo
 import ppo_rlhf_gpt2 as rlhf
 import reward_model_gpt2 as rm
@@ -224,13 +224,8 @@ def test_bf16_runs_the_policy_in_bfloat16_with_first_margins_of_exactly_0(tiny, 
 
 
 def test_bf16_on_a_gpu_without_it_fails_before_any_work(tiny, tmp_path, monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **kw: False)
-    with pytest.raises(SystemExit) as error:
-        dpo.main(tiny_args(tiny, tmp_path, bf16=True, cuda=True))
-    assert str(error.value) == ("error: --bf16: this GPU cannot compute in bfloat16 "
-                                "(torch.cuda.is_bf16_supported() is False); run without --bf16")
-    assert not (tmp_path / "runs").exists()
+    check_bf16_needs_a_gpu_that_has_it(dpo.main, tiny_args(tiny, tmp_path, bf16=True, cuda=True), tmp_path / "runs",
+                                       monkeypatch)
 
 
 def test_main_logs_trl_s_names_and_scores_the_split_of_reward_model_gpt2(tiny, tmp_path):

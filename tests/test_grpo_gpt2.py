@@ -17,8 +17,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, GPT2LMHeadModel
 
-from conftest import (bf16_run, check_evaluation_samples_as_saved, read_scalars, run_one_and_two_processes,
-                      torchrun_folder)
+from conftest import (bf16_run, check_bf16_needs_a_gpu_that_has_it, check_evaluation_samples_as_saved, read_scalars,
+                      run_one_and_two_processes, torchrun_folder)
 import grpo_gpt2 as grpo
 import ppo_rlhf_gpt2 as rlhf
 
@@ -525,13 +525,8 @@ def test_bf16_runs_the_models_in_bfloat16_with_a_first_ratio_of_exactly_1(tiny, 
 
 
 def test_bf16_on_a_gpu_without_it_fails_before_any_work(tiny, tmp_path, monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **kw: False)
-    with pytest.raises(SystemExit) as error:
-        grpo.main(tiny_args(tiny, tmp_path, bf16=True, cuda=True))
-    assert str(error.value) == ("error: --bf16: this GPU cannot compute in bfloat16 "
-                                "(torch.cuda.is_bf16_supported() is False); run without --bf16")
-    assert not (tmp_path / "runs").exists()
+    check_bf16_needs_a_gpu_that_has_it(grpo.main, tiny_args(tiny, tmp_path, bf16=True, cuda=True), tmp_path / "runs",
+                                       monkeypatch)
 
 
 def test_all_equal_groups_give_a_zero_loss_and_no_step(tiny, tmp_path, monkeypatch):

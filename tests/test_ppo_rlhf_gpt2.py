@@ -24,8 +24,8 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2F
 from transformers.activations import GELUTanh
 from transformers.models.gpt2.modeling_gpt2 import GPT2MLP
 
-from conftest import (EOS, bf16_run, check_evaluation_samples_as_saved, read_scalars, run_one_and_two_processes,
-                      run_torchrun, torchrun_folder)
+from conftest import (EOS, bf16_run, check_bf16_needs_a_gpu_that_has_it, check_evaluation_samples_as_saved,
+                      read_scalars, run_one_and_two_processes, run_torchrun, torchrun_folder)
 import ppo_rlhf_gpt2 as rlhf
 
 
@@ -467,13 +467,8 @@ def test_bf16_eval_checkpoint_scores_in_bfloat16(tiny, tmp_path, monkeypatch):
 
 
 def test_bf16_on_a_gpu_without_it_fails_before_any_work(tiny, tmp_path, monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **kw: False)
-    with pytest.raises(SystemExit) as error:
-        rlhf.main(tiny_args(tiny, tmp_path, bf16=True, cuda=True))
-    assert str(error.value) == ("error: --bf16: this GPU cannot compute in bfloat16 "
-                                "(torch.cuda.is_bf16_supported() is False); run without --bf16")
-    assert not (tmp_path / "runs").exists()
+    check_bf16_needs_a_gpu_that_has_it(rlhf.main, tiny_args(tiny, tmp_path, bf16=True, cuda=True), tmp_path / "runs",
+                                       monkeypatch)
 
 
 def assert_usable_as_saved(model_dir):
