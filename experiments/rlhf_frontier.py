@@ -556,14 +556,16 @@ def tuned_lines(tuning_runs: str, records: list[dict], rm_minutes: float | None 
             continue
         tested[m] = golds
         mean, half, _ = mean_interval(golds)
+        gold = f"{mean:.3f} ± {half:.3f}" if len(golds) > 1 else f"{mean:.3f} (one seed, no interval)"
         se = np.mean([float(at_kl(r["points"], 3.0, "gold_se")) for r in seeds])
         cpu = [cpu_at_kl(r, 3.0) for r in seeds]
         needs_rm = m != "dpo"
         if None not in cpu and (rm_minutes is not None or not needs_rm):
             all_in[m] = sum(r["cpu_minutes"] for r in tables[m]) + (rm_minutes if needs_rm else 0.0) + np.mean(cpu)
-        lines.append(f"| {m} | {chosen[m]} | {', '.join(str(r['seed']) for r in seeds)} | {mean:.3f} ± {half:.3f} | "
+        lines.append(f"| {m} | {chosen[m]} | {', '.join(str(r['seed']) for r in seeds)} | {gold} | "
                      f"{se:.3f} | " + ("-" if None in cpu else f"{np.mean(cpu):.1f}") + f" | {runs_cpu} | "
                      + (f"{all_in[m]:.1f}" if m in all_in else "-") + " |")
+    tested = {m: golds for m, golds in tested.items() if len(golds) > 1}  # an interval needs two seeds
     if len(tested) > 1:
         lines += ["", "Differences at KL 3 on the test prompts, 95% Welch intervals over seeds:", ""]
         for a, b in itertools.combinations(tested, 2):

@@ -410,5 +410,10 @@ def test_the_tuned_table_counts_tuning_the_reward_model_and_one_run_all_in(tmp_p
     assert "| dpo | a | 4, 5 | 0.400 ± 0.000 | 0.020 | 3.0 | 2/2, 8.0 | 11.0 |" in text
     assert "| ppo | c | 4, 5 | 0.400 ± 0.000 | 0.020 | 9.0 | 2/2, 40.0 | 69.0 |" in text
     assert f"All in, DPO's CPU minutes are {11 / 69:.1%} of PPO's" in text
+    assert "- dpo minus ppo: +0.000 ± 0.000 (inconclusive)" in text
     # without the reward model's minutes, PPO's all-in cost is not stated
     assert "| 2/2, 40.0 | - |" in "\n".join(F.tuned_lines(str(tuning), tests))
+    # one seed: its gold without an interval, and no difference
+    one = "\n".join(F.tuned_lines(str(tuning), tests[:1] + tests[2:3], rm_minutes=20.0))
+    assert "| dpo | a | 4 | 0.400 (one seed, no interval) | 0.020 | 3.0 | 2/2, 8.0 | 11.0 |" in one
+    assert "dpo minus ppo" not in one and "Differences" not in one
