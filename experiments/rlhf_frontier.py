@@ -33,6 +33,7 @@ import itertools
 import json
 import math
 import os
+import re
 import shlex
 import sys
 import time
@@ -629,9 +630,11 @@ def report(args: Report) -> str:
               "also gets the experiment's `--runs-dir`):", ""]
     for r in {(r["method"], r["setting"]): r for r in records if "command" in r}.values():
         command = r["command"].replace(f" --seed {r['seed']}", " --seed 1")
-        if rm_record:  # the paths of this machine, as the page names them
-            command = command.replace(os.path.dirname(rm_record["model_path"]), "reward_model").replace(
-                rm_record["preferences"], os.path.basename(rm_record["preferences"]))
+        # the paths of the machine a run ran on, as the page names them
+        command = re.sub(r"--reward-model \S*/reward_model_gpt2__\d+__\d+/model", "--reward-model reward_model/model",
+                         command)
+        if rm_record:
+            command = command.replace(rm_record["preferences"], os.path.basename(rm_record["preferences"]))
         lines.append(f"- {r['method']}, {r['setting']}: `{command}`")
     rows = {(r["method"], r["setting"]): r for r in frontier_rows(records) if len(r["seeds"]) > 1}
     lines += ["", "Over seeds, where two settings each have two or more seeds and all of them reach the KL: DPO's "
