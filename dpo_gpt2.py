@@ -144,9 +144,16 @@ def model_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict:
 
 def autocast_bf16(bf16: bool, device: torch.device, *models) -> None:
     """detail 53: with --bf16, each model's forward in bfloat16 autocast, entered and left at every call (no
-    bf16 weight copy outlives a pass), weights fp32. After deep copies: a copy runs the original's forward."""
+    bf16 weight copy outlives a pass), weights fp32. After deep copies: a copy runs the original's forward.
+    Each weight first moves to a random fp32 value that rounds to the same bf16 one (seeded: the same in every
+    copy), so that a step smaller than that cell changes its bf16 value with probability step / cell."""
     for model in [m for m in models if bf16 and m is not None]:
         model.forward = torch.autocast(device.type, dtype=torch.bfloat16)(model.forward)
+        generator = torch.Generator().manual_seed(0)
+        for w in model.parameters():  # the fp32 bit patterns that round to bf16(w): its own +- 0x7fff
+            jitter = torch.randint(-0x7FFF, 0x8000, w.shape, dtype=torch.int32, generator=generator)
+            bits = w.detach().bfloat16().float().abs().view(torch.int32) + jitter.to(w.device)
+            w.data.copy_(bits.clamp(min=0).view(torch.float32).copysign(w.detach()))
 
 
 def scale_logits(logits: torch.Tensor, temperature: float, pad_token_id: int) -> torch.Tensor:
@@ -292,8 +299,7 @@ def main(args: Args) -> dict:
     ref_eval = None  # the held-out ones: the policy's at the step-0 evaluation
     optimizer = torch.optim.Adam(policy.parameters(), lr=args.learning_rate, eps=1e-5)  # detail 3
     writer = SummaryWriter(run_dir)
-    writer.add_text("hyperparameters", "\n".join(f"|{k}|{v}|" for k, v in [("param", "value"), ("-", "-"),
-                                                                            *vars(args).items()]))
+    writer.add_text("hyperparameters", markdown_table(list(vars(args).items()), ("param", "value")))
     num_steps = args.num_epochs * (len(train_set) // args.batch_size)
     step, interrupted, eval_stats = 0, False, {}
 
@@ -536,6 +542,12 @@ def check_tokenizer(tokenizer, args: Args) -> None:
     if not tokenizer.is_fast:
         raise SystemExit(f"error: --model-name {args.model_name}: its tokenizer gives no character offsets "
                          "(not a fast tokenizer), which find the response's tokens")
+
+
+def markdown_table(rows: list[tuple], header: tuple) -> str:
+    cells = [[str(x).replace("|", "\\|").replace("\n", " ") for x in row] for row in rows]
+    lines = [header, ["-"] * len(header)] + cells
+    return "\n".join("|" + "|".join(line) + "|" for line in lines)
 
 
 def write_held_out_scores(indices: list[int], margins: list[float], run_dir: str) -> str:

@@ -190,9 +190,8 @@ def model_inputs(query_responses: torch.Tensor, pad_token_id: int) -> dict:
     position_ids = attention_mask.cumsum(1) - attention_mask.long()
     # detail 23: the pad id may be outside the vocabulary; padded positions are masked out, any id will do
     input_ids = query_responses.masked_fill(~attention_mask, 0)
-    # use_cache=False: one pass over the whole sequence needs no KV cache (less memory)
     return dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                use_cache=False)
+                use_cache=False)  # one pass over the whole sequence needs no KV cache (less memory)
 
 
 def scale_logits(logits: torch.Tensor, temperature: float, pad_token_id: int) -> torch.Tensor:
@@ -220,9 +219,16 @@ def gather_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
 
 def autocast_bf16(bf16: bool, device: torch.device, *models) -> None:
     """detail 53: with --bf16, each model's forward in bfloat16 autocast, entered and left at every call (no
-    bf16 weight copy outlives a pass), weights fp32. After deep copies: a copy runs the original's forward."""
+    bf16 weight copy outlives a pass), weights fp32. After deep copies: a copy runs the original's forward.
+    Each weight first moves to a random fp32 value that rounds to the same bf16 one (seeded: the same in every
+    copy), so that a step smaller than that cell changes its bf16 value with probability step / cell."""
     for model in [m for m in models if bf16 and m is not None]:
         model.forward = torch.autocast(device.type, dtype=torch.bfloat16)(model.forward)
+        generator = torch.Generator().manual_seed(0)
+        for w in model.parameters():  # the fp32 bit patterns that round to bf16(w): its own +- 0x7fff
+            jitter = torch.randint(-0x7FFF, 0x8000, w.shape, dtype=torch.int32, generator=generator)
+            bits = w.detach().bfloat16().float().abs().view(torch.int32) + jitter.to(w.device)
+            w.data.copy_(bits.clamp(min=0).view(torch.float32).copysign(w.detach()))
 
 
 @torch.inference_mode()  # no autograd bookkeeping: faster, less memory
@@ -244,8 +250,7 @@ def generate(policy, queries: torch.Tensor, response_length: int, temperature: f
         token = logits.argmax(-1, keepdim=True) if greedy else torch.multinomial(logits.softmax(-1), 1)
         responses.append(token)
         logprobs.append(gather_logprobs(logits, token.squeeze(-1)))
-        # The next step feeds only the new token; the cache holds the rest.
-        input_ids = token
+        input_ids = token  # the next step feeds only the new token; the cache holds the rest
         attention_mask = torch.cat([attention_mask, torch.ones_like(token, dtype=torch.bool)], dim=1)
         position_ids = position_ids[:, -1:] + 1
     return torch.cat(responses, dim=1), torch.stack(logprobs, dim=1)
@@ -302,8 +307,7 @@ def k3_kl(newlogprob, ref_logprobs, ratio=None) -> torch.Tensor:
     return kl if ratio is None else kl * ratio
 
 
-def aggregate(token_loss, response_mask, loss_type: str, num_responses: int, num_tokens,
-              response_length: int):
+def aggregate(token_loss, response_mask, loss_type: str, num_responses: int, num_tokens, response_length):
     """detail 48: these responses' share of the loss of a minibatch of num_responses responses and num_tokens
     real tokens (its micro-batches' shares add up to it), padding left out; the docstring says the weights."""
     token_loss = torch.where(response_mask, token_loss, 0.0)
@@ -347,14 +351,12 @@ def main(args: Args) -> dict:
 
     writer = SummaryWriter(run_dir) if args.rank == 0 else NoWriter()  # torchrun: process 0 logs
     writer.add_text("hyperparameters", markdown_table(list(vars(args).items()), ("param", "value")))
-    eval_stats = {}
-    # the held-out evaluation of a policy (sampled, and greedy with --eval-greedy): logged, kept in eval_stats
+    eval_stats = {}  # held_out_evaluation(policy, ...): sampled (and greedy with --eval-greedy), logged, kept
     held_out_evaluation = functools.partial(evaluate_and_log, eval_prompts, tokenizer, stop_token_id,
                                             reward_fn, args, device, writer, eval_stats)
     if args.eval_episodes > 0 and args.rank == 0:  # torchrun: process 0 evaluates
         held_out_evaluation(policy, "initial", 0)
-    stats, iteration, interrupted = {}, 0, False
-    start_time = time.time()
+    stats, iteration, interrupted, start_time = {}, 0, False, time.time()
     try:
         for iteration in range(1, args.num_iterations + 1):
             if args.anneal_lr:  # detail 4
@@ -449,11 +451,9 @@ def main(args: Args) -> dict:
                 "objective/response_entropy": (-logprobs).masked_fill(~response_mask, 0).sum(1).mean().item(),
                 "val/num_eos_tokens": contain_stop.sum().item() * args.world_size,  # a sum, after the mean
                 "val/ratio": update_stats["ratio"],
-                "val/distinct_responses": distinct_responses,
-                "val/distinct_2": distinct_2,
+                "val/distinct_responses": distinct_responses, "val/distinct_2": distinct_2,
                 "val/zero_advantage_groups": all_equal.float().mean().item(),  # their advantage is 0
-                "time/rollout": rollout_time,
-                "time/update": update_time,
+                "time/rollout": rollout_time, "time/update": update_time,
             }
             if ref_logprobs is not None:  # the KL to the reference per response (k1, summed), as PPO logs it
                 stats["objective/kl"] = ((logprobs - ref_logprobs) * response_mask).sum(1).mean().item()

@@ -136,13 +136,19 @@ def model_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict:
 
 def autocast_bf16(bf16: bool, device: torch.device, *models) -> None:
     """detail 53: with --bf16, each model's forward in bfloat16 autocast, entered and left at every call (no
-    bf16 weight copy outlives a pass), weights fp32. After deep copies: a copy runs the original's forward."""
+    bf16 weight copy outlives a pass), weights fp32. After deep copies: a copy runs the original's forward.
+    Each weight first moves to a random fp32 value that rounds to the same bf16 one (seeded: the same in every
+    copy), so that a step smaller than that cell changes its bf16 value with probability step / cell."""
     for model in [m for m in models if bf16 and m is not None]:
         model.forward = torch.autocast(device.type, dtype=torch.bfloat16)(model.forward)
+        generator = torch.Generator().manual_seed(0)
+        for w in model.parameters():  # the fp32 bit patterns that round to bf16(w): its own +- 0x7fff
+            jitter = torch.randint(-0x7FFF, 0x8000, w.shape, dtype=torch.int32, generator=generator)
+            bits = w.detach().bfloat16().float().abs().view(torch.int32) + jitter.to(w.device)
+            w.data.copy_(bits.clamp(min=0).view(torch.float32).copysign(w.detach()))
 
 
-def bradley_terry_labels(gold_a: torch.Tensor, gold_b: torch.Tensor, beta: float,
-                         generator: torch.Generator) -> torch.Tensor:
+def bradley_terry_labels(gold_a: torch.Tensor, gold_b: torch.Tensor, beta: float, generator: torch.Generator):
     """detail 38: True where the gold labeler prefers a, with probability sigma((gold_a - gold_b) / beta)."""
     return torch.rand(gold_a.shape, generator=generator) < torch.sigmoid((gold_a - gold_b) / beta)
 
@@ -182,9 +188,8 @@ def sample_comparisons(policy, prompts: list[str], tokenizer, stop_token_id: int
 def reward_scores(reward_model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                   readout_mask: torch.Tensor | None = None) -> torch.Tensor:
     """detail 36: the scalar head on the mean final state over the positions readout_mask keeps (--readout
-    mean: the response's tokens and the end token), or without one at the last real token (the rightmost
-    position the mask keeps: the end token where one was appended), so left and right padding give the same
-    scores. Returns (batch,)."""
+    mean: the response's tokens and the end token), or without one at the rightmost position the mask keeps
+    (the end token where one was appended), so left and right padding give the same scores: (batch,)."""
     hidden = reward_model.base_model(**model_inputs(input_ids, attention_mask)).last_hidden_state.float()
     if readout_mask is not None:
         weights = readout_mask.to(hidden.dtype) / readout_mask.sum(1, keepdim=True)
@@ -202,11 +207,8 @@ def score_texts(reward_model, tokenizer, texts: list[str], end_token: str, max_l
     batch = tokenizer([text + end_token for text in texts], padding=True, truncation=True,
                       max_length=max_length, return_tensors="pt",
                       return_offsets_mapping=response_starts is not None)
-    readout_mask = None
-    if response_starts is not None:
-        readout_mask = batch["attention_mask"].bool() & (
-            batch["offset_mapping"][..., 1] > torch.tensor(response_starts)[:, None])
-        readout_mask = readout_mask.to(device)
+    readout_mask = None if response_starts is None else (batch["attention_mask"].bool() & (
+        batch["offset_mapping"][..., 1] > torch.tensor(response_starts)[:, None])).to(device)
     return reward_scores(reward_model, batch["input_ids"].to(device), batch["attention_mask"].to(device),
                          readout_mask)
 
@@ -233,9 +235,8 @@ def fit_probe(chosen_features: torch.Tensor, rejected_features: torch.Tensor, l2
               max_iter: int = 500) -> torch.Tensor:
     """detail 45: the head's weight w, (hidden,), on frozen features of the pairs, (pairs, hidden) each: the
     minimum of preference_loss(chosen_features @ w, rejected_features @ w) + l2 |w * std|^2, std the features'
-    per-dimension std over all the responses. Fitted by L-BFGS on standardized features (x - mean) / std,
-    where it converges whatever their scales (a language model's features may have a few huge dimensions),
-    and folded back exactly: w_std.(x - mean) / std = (w_std / std).x - const, the const cancels in a pair."""
+    per-dimension std over all the responses. Fitted by L-BFGS on (x - mean) / std, where it converges at any
+    scales (a few dimensions may be huge), folded back exactly: (w_std / std).x - const, const cancels."""
     features = torch.cat([chosen_features, rejected_features]).double()
     mean, std = features.mean(0), features.std(0).clamp_min(1e-12)
     chosen, rejected = ((f.double() - mean) / std for f in (chosen_features, rejected_features))
@@ -303,8 +304,7 @@ def main(args: Args) -> dict:
                                   {"params": reward_model.score.parameters(), "lr": head_learning_rate}],
                                  eps=1e-5)
     writer = SummaryWriter(run_dir)
-    writer.add_text("hyperparameters", "\n".join(f"|{k}|{v}|" for k, v in [("param", "value"), ("-", "-"),
-                                                                            *vars(args).items()]))
+    writer.add_text("hyperparameters", markdown_table(list(vars(args).items()), ("param", "value")))
     num_steps = args.num_epochs * (len(train_set) // args.batch_size)
     step, interrupted, eval_stats = 0, False, {}
 
@@ -579,6 +579,12 @@ def check_end_token(tokenizer, args: Args) -> None:
     if args.readout == "mean" and not tokenizer.is_fast:
         raise SystemExit(f"error: --readout mean: the tokenizer of {args.model_name} gives no character "
                          f"offsets (not a fast tokenizer); pass --readout end")
+
+
+def markdown_table(rows: list[tuple], header: tuple) -> str:
+    cells = [[str(x).replace("|", "\\|").replace("\n", " ") for x in row] for row in rows]
+    lines = [header, ["-"] * len(header)] + cells
+    return "\n".join("|" + "|".join(line) + "|" for line in lines)
 
 
 def write_held_out_scores(indices: list[int], margins: list[float], run_dir: str) -> str:

@@ -1,0 +1,112 @@
+"""--bf16's starting weights (detail 53), the same function in the four language-model files: each fp32 weight
+moved to a random point of the fp32 values that round to its bfloat16 value, so that under autocast (fp32
+weights, bf16 copies for the matrix products) a step smaller than a bf16 rounding step still reaches the forward
+pass, in expectation as a whole step. The expectations are written by hand from the bf16 format (8 significant
+bits: between 1 and 2 the bf16 values are 2^-7 apart), not computed by the code under test."""
+
+import copy
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+import dpo_gpt2
+import grpo_gpt2
+import ppo_rlhf_gpt2
+import reward_model_gpt2
+
+MODULES = [ppo_rlhf_gpt2, grpo_gpt2, reward_model_gpt2, dpo_gpt2]
+CPU = torch.device("cpu")
+ULP = 2.0**-7  # the spacing of bf16 values in [1, 2)
+
+
+def layer_with(weights: torch.Tensor) -> torch.nn.Linear:
+    layer = torch.nn.Linear(weights.shape[1], weights.shape[0], bias=False)
+    with torch.no_grad():
+        layer.weight.copy_(weights)
+    return layer
+
+
+@pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
+def test_each_weight_moves_within_its_bf16_rounding_cell_uniformly(module):
+    # 40,000 weights on the bf16 grid strictly between 1 and 2 (the rounding cell: +- ULP / 2), signs mixed
+    generator = torch.Generator().manual_seed(0)
+    grid = (1 + torch.randint(1, 128, (200, 200), generator=generator) * ULP)
+    grid = grid * torch.where(torch.rand(200, 200, generator=generator) < 0.5, -1.0, 1.0)
+    layer = layer_with(grid)
+    module.autocast_bf16(True, CPU, layer)
+    moved = layer.weight.detach()
+    assert moved.dtype == torch.float32
+    assert torch.equal(moved.bfloat16().float(), grid)  # what a bf16 product reads: unchanged
+    offsets = ((moved - grid) / ULP).flatten()  # uniform on (-1/2, 1/2): mean 0, std 1 / sqrt(12)
+    assert offsets.abs().max() < 0.5 and offsets.min() < -0.49 and offsets.max() > 0.49
+    assert abs(offsets.mean().item()) < 0.005 and offsets.std().item() == pytest.approx(12**-0.5, abs=0.005)
+    # off the grid: halfway between two bf16 values (as 8% of a Q4_1 file's weights are) and at a power of 2
+    special = torch.tensor([[1 + 1.5 * ULP, 1 + 2.5 * ULP, 1.0, -2.0, 0.0, 1 + 0.3 * ULP]]).repeat(2000, 1)
+    layer = layer_with(special)
+    module.autocast_bf16(True, CPU, layer)
+    moved = layer.weight.detach()
+    # ties to even: 1 + 1.5 ULP rounds to 1 + 2 ULP, 1 + 2.5 ULP to 1 + 2 ULP; 1 + 0.3 ULP to 1
+    rounded = torch.tensor([1 + 2 * ULP, 1 + 2 * ULP, 1.0, -2.0, 0.0, 1.0])
+    assert torch.equal(moved.bfloat16().float(), rounded.repeat(2000, 1))
+    # below a power of 2 the bf16 values are twice as close: 1's cell is [1 - ULP / 4, 1 + ULP / 2]
+    ones = moved[:, 2]
+    assert ones.min() >= 1 - ULP / 4 and ones.max() <= 1 + ULP / 2 and (ones < 1).any() and (ones > 1).any()
+    assert (moved[:, 0] < 1 + 2 * ULP).float().mean().item() == pytest.approx(0.5, abs=0.05)  # both sides
+    assert moved[:, 4].abs().max() < 1e-38  # zero's cell is the smallest there is
+
+
+@pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
+def test_every_copy_of_a_model_moves_to_the_same_weights(module):
+    """The policy and its reference (a deep copy, or the same file loaded again) must stay identical, or the
+    first KL is not exactly 0; without --bf16 nothing moves."""
+    weights = torch.randn(64, 64, generator=torch.Generator().manual_seed(1))
+    policy = layer_with(weights)
+    reference = copy.deepcopy(policy)
+    loaded_again = layer_with(weights)
+    untouched = layer_with(weights)
+    module.autocast_bf16(True, CPU, policy, reference, None)
+    module.autocast_bf16(True, CPU, loaded_again)
+    module.autocast_bf16(False, CPU, untouched)
+    assert not torch.equal(policy.weight, weights)
+    assert torch.equal(policy.weight, reference.weight) and torch.equal(policy.weight, loaded_again.weight)
+    assert torch.equal(untouched.weight, weights) and untouched.forward.__func__ is torch.nn.Linear.forward
+
+
+@pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
+def test_a_step_smaller_than_a_bf16_rounding_step_reaches_the_forward_pass(module):
+    """A GPT-2 whose weights all sit on the bf16 grid (as a bf16 or 4-bit checkpoint's do); every weight of its
+    blocks' matrix products stepped by a quarter of the gap to the next bf16 value up. Autocast alone: no bf16
+    weight changes, and the logits are bit for bit those before the step. From the moved weights: about a
+    quarter of them change (a step / cell chance each), and so do the logits."""
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2)
+    on_grid = GPT2LMHeadModel(config).eval()
+    with torch.no_grad():
+        for p in on_grid.parameters():
+            p.copy_(p.bfloat16().float())
+    ids = torch.randint(0, 64, (3, 12))
+    moved, plain = copy.deepcopy(on_grid), copy.deepcopy(on_grid)
+    module.autocast_bf16(True, CPU, moved)
+    plain.forward = torch.autocast("cpu", dtype=torch.bfloat16)(plain.forward)  # autocast, no move
+
+    def logits(model):
+        with torch.no_grad():
+            return model(ids).logits.float()
+
+    before = {name: logits(model) for name, model in (("moved", moved), ("plain", plain))}
+    changed = []
+    for model in (moved, plain):
+        flips = total = 0
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.startswith("transformer.h.") and p.dim() == 2:  # the blocks' Conv1D weights
+                    bf16 = p.bfloat16()
+                    gap = torch.nextafter(bf16, torch.full_like(bf16, float("inf"))).float() - bf16.float()
+                    p.add_(gap / 4)
+                    flips += (p.bfloat16() != bf16).sum().item()
+                    total += p.numel()
+        changed.append(flips / total)
+    assert changed[0] == pytest.approx(0.25, abs=0.02) and changed[1] == 0.0
+    assert torch.equal(logits(plain), before["plain"])
+    assert (logits(moved) - before["moved"]).abs().max() > 1e-3
