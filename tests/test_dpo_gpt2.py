@@ -228,8 +228,9 @@ def test_bf16_on_a_gpu_without_it_fails_before_any_work(tiny, tmp_path, monkeypa
                                        monkeypatch)
 
 
-def test_main_logs_trl_s_names_and_scores_the_split_of_reward_model_gpt2(tiny, tmp_path):
-    args = tiny_args(tiny, tmp_path, num_epochs=2, eval_every=2, eval_episodes=5, gold="length")
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])  # detail 53: --bf16 learns too
+def test_main_logs_trl_s_names_and_scores_the_split_of_reward_model_gpt2(tiny, tmp_path, bf16):
+    args = tiny_args(tiny, tmp_path, num_epochs=2, eval_every=2, eval_episodes=5, gold="length", bf16=bf16)
     result = dpo.main(args)
     scalars = read_scalars(result["run_dir"])
     num_steps = 2 * (18 // 4)  # 12 prompts, 3 held out: 18 training comparisons

@@ -628,13 +628,14 @@ def test_held_out_means_and_standard_errors_are_over_prompts(tiny, tmp_path, mon
     assert final["raw_score_stderr"] == pytest.approx(statistics.stdev(means) / 4)
 
 
-def test_learning_raises_the_score(tiny, tmp_path, monkeypatch):
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])  # detail 53: --bf16 learns too
+def test_learning_raises_the_score(tiny, tmp_path, monkeypatch, bf16):
     """A short run on the tiny GPT-2 with the 'e'-counting reward: the group-relative gradient raises the
     score well beyond its start (a flipped sign or a zero advantage would not)."""
     monkeypatch.setattr(grpo, "load_reward_fn", count_e_reward)
     stats = grpo.main(tiny_args(tiny, tmp_path, batch_size=32, num_generations=8, total_episodes=32 * 20,
                                 response_length=12, learning_rate=3e-3, stop_token="eos",
-                                missing_eos_penalty=None, beta=0.0, num_minibatches=2))
+                                missing_eos_penalty=None, beta=0.0, num_minibatches=2, bf16=bf16))
     scores = read_scalars(stats["run_dir"])["objective/scores"]
     first, last = statistics.mean(scores[:3]), statistics.mean(scores[-4:])
     print(f"scores: first 3 iterations {first:.3f}, last 4 {last:.3f}")

@@ -693,10 +693,12 @@ def count_e_reward(args, device):
     return lambda texts, responses: torch.tensor([float(t.count("e")) for t in texts], device=device)
 
 
-def test_learning_raises_the_score_and_kl_coef_bounds_the_kl(tiny, tmp_path, monkeypatch):
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])  # detail 53: --bf16 learns too
+def test_learning_raises_the_score_and_kl_coef_bounds_the_kl(tiny, tmp_path, monkeypatch, bf16):
     monkeypatch.setattr(rlhf, "load_reward_fn", count_e_reward)
     common = dict(batch_size=32, num_minibatches=2, total_episodes=32 * 25, response_length=12,
-                  learning_rate=3e-3, norm_batches=2, kl_target=None, stop_token="eos", missing_eos_penalty=None)
+                  learning_rate=3e-3, norm_batches=2, kl_target=None, stop_token="eos", missing_eos_penalty=None,
+                  bf16=bf16)
     runs = {}
     for kl_coef in (0.01, 1.0):
         stats = rlhf.main(tiny_args(tiny, tmp_path / f"kl{kl_coef}", kl_coef=kl_coef, **common))

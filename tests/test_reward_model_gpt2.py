@@ -649,13 +649,14 @@ def test_accumulated_micro_batches_give_the_gradient_of_the_whole_batch(tiny, tm
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
 
 
-def test_learning_a_separable_preference_and_the_logs(tiny, tmp_path):
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])  # detail 53: --bf16 learns too
+def test_learning_a_separable_preference_and_the_logs(tiny, tmp_path, bf16):
     """gold `length` with beta ~ 0: the longer response is chosen (ties aside). A few epochs from a random
     head (--no-probe) must put the held-out accuracy near the gold labeler's; an untrained or broken model
     stays near 1/2."""
     args = tiny_args(tiny, tmp_path, model_name=tiny["stops"], num_comparisons=192, eval_fraction=0.25,
                      batch_size=16, num_epochs=4, learning_rate=3e-3, head_learning_rate=1e-2, gold_beta=1e-6,
-                     eval_every=3, response_length=12, probe=False)
+                     eval_every=3, response_length=12, probe=False, bf16=bf16)
     result = rm.main(args)
     scalars = read_scalars(result["run_dir"])
     lines = read_lines(result["preferences"])
