@@ -166,3 +166,20 @@ def test_the_path_check_sees_a_machine_s_folder_and_passes_relative_ones():
     os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True))])
 def test_no_page_names_a_folder_of_the_machine_it_was_run_on(page):
     assert machine_paths(read(page)) == [], f"{page}: give paths relative to the repository, or a placeholder"
+
+
+LANGUAGE_MODEL_PAGES = sorted(p for p in map(os.path.basename, glob.glob(os.path.join(ROOT, "docs", "results", "*.md")))
+                              if "smollm2" in read(os.path.join("docs", "results", p)).lower()
+                              or "GPT-2" in read(os.path.join("docs", "results", p)))
+
+
+@pytest.mark.parametrize("page", LANGUAGE_MODEL_PAGES)
+def test_a_language_model_page_states_the_precision_of_its_runs(page):
+    """fp32 or bf16 (detail 53): a bf16 run starts from other weights and computes otherwise."""
+    assert re.search(r"\b(fp32|bf16)\b", plain(first_screen(page))), (
+        f"docs/results/{page}: its first {FIRST_SCREEN} lines do not say whether its runs are fp32 or bf16")
+
+
+def test_the_language_model_pages_are_found():
+    assert {"rlhf_frontier.md", "ppo_vs_grpo.md", "rlhf_kl_vs_collapse.md", "rlhf_vs_trl.md"} <= set(
+        LANGUAGE_MODEL_PAGES) and "ppo_walker2d.md" not in LANGUAGE_MODEL_PAGES
