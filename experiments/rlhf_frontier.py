@@ -206,10 +206,20 @@ class Frontier:
         self.prompts = (shared.load_eval_prompts(None, common.num_prompts) if common.split == "test" else
                         [VALIDATION_PROMPTS[i % len(VALIDATION_PROMPTS)] for i in range(common.num_prompts)])
 
-    @torch.inference_mode()
     def measure(self, policy, samples_per_prompt: int, reward_fn=None, batch_size: int = 16) -> dict:
         """(prompts, samples) arrays of gold, KL (k1, summed over the response) and, given reward_fn, its score;
-        the texts; the share that stopped. batch_size prompts per pass (each pass its own draws)."""
+        the texts; the share that stopped. batch_size prompts per pass (each pass its own draws). Always in fp32:
+        a --bf16 run's policy (its forward wrapped in autocast, detail 53) is measured by its class's forward,
+        its weights as an fp32 run's are, and its wrapper put back after."""
+        autocast = vars(policy).pop("forward", None)
+        try:
+            return self.measure_fp32(policy, samples_per_prompt, reward_fn, batch_size)
+        finally:
+            if autocast is not None:
+                policy.forward = autocast
+
+    @torch.inference_mode()
+    def measure_fp32(self, policy, samples_per_prompt: int, reward_fn, batch_size: int) -> dict:
         args, tokenizer = self.args, self.tokenizer
         prompts = [p for p in self.prompts for _ in range(samples_per_prompt)]
         was_training = policy.training

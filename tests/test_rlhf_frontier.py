@@ -332,6 +332,30 @@ def test_a_tuned_run_waits_for_the_whole_grid(tiny_frontier, monkeypatch):
                     **tiny_frontier["common"]))
 
 
+def test_a_bf16_run_s_policy_is_measured_in_fp32_and_keeps_its_autocast(tiny):
+    """A --bf16 run's policy (detail 53: its forward wrapped in bf16 autocast) gets the samples, gold and KL of
+    the same weights without the wrapper: both precisions measured alike. The wrapper is back afterwards."""
+    frontier = F.Frontier(F.Common(model_name=tiny["policy"], num_prompts=2, samples_per_prompt=2))
+    plain = copy.deepcopy(frontier.reference)
+    with torch.no_grad():
+        for p in plain.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    wrapped = copy.deepcopy(plain)
+    F.dpo.autocast_bf16(True, torch.device("cpu"), wrapped)
+    wrapped_forward = wrapped.forward
+    with torch.no_grad():  # the moved weights of the wrapped copy, for the plain one too: the same weights
+        for a, b in zip(plain.parameters(), wrapped.parameters()):
+            a.copy_(b)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        assert not torch.equal(wrapped(ids).logits.float(), plain(ids).logits)  # bf16 computes otherwise
+    measured, expected = frontier.measure(wrapped, 2), frontier.measure(plain, 2)
+    assert measured["texts"] == expected["texts"] and not np.allclose(expected["kl"], 0.0)
+    np.testing.assert_array_equal(measured["kl"], expected["kl"])
+    np.testing.assert_array_equal(measured["gold"], expected["gold"])
+    assert wrapped.forward is wrapped_forward and "forward" not in vars(plain)
+
+
 def test_the_measure_s_kl_is_summed_over_each_response_s_real_tokens_by_hand(tiny, monkeypatch):
     """The frontier's KL of each sample, by hand: the sum over the response's tokens up to its stop (not the
     prompt's, not the padding) of log pi - log pi_ref at the sampling temperature, from plain forward passes on
