@@ -7,13 +7,17 @@ each the seconds of an iteration split into rollout (generation; reward, referen
 read back from the run's TensorBoard events (the median over the iterations after the first, which warms up), the
 subprocess's peak resident memory and, with --cuda, the most GPU memory in use while it ran (nvidia-smi, sampled
 every 0.5 s). The scripts run with their defaults (PPO: 4 epochs x 4 minibatches; GRPO: one pass, one minibatch,
-G = 8, k3 at beta 0.04) plus --ppo-flags / --grpo-flags.
+G = 8, k3 at beta 0.04) plus --ppo-flags / --grpo-flags. With --precisions fp32 bf16 each script runs in both
+(bf16: --bf16, autocast with fp32 weights), alternating, --rounds times, and the report gives each script's
+fp32 seconds per iteration over its bf16 ones.
 
 Tasks: `classifier` (a GPT2ForSequenceClassification reward model of GPT-2-small's size), `vader`, and
 `arithmetic` (two-digit sums, --min-response-length 0). Score normalization is off in PPO (it samples extra
 batches before training).
 
 Usage: python benchmarks/rlhf_cost.py [--iterations 2] [--out benchmarks/results/rlhf_cost.md]
+       python benchmarks/rlhf_cost.py --scripts ppo grpo --architecture smollm2-135m --task vader \
+           --batch-size 16 --iterations 3 --precisions fp32 bf16 --rounds 2 --out benchmarks/results/rlhf_bf16.md
        python benchmarks/rlhf_cost.py --cuda --scripts ppo grpo --architecture smollm2-135m --task arithmetic \
            --batch-size 64 --response-length 8 --iterations 5 --out benchmarks/results/rlhf_cost_gpu.md
 """
@@ -119,7 +123,7 @@ def nvidia_smi(field: str) -> str:
                           capture_output=True, text=True).stdout.strip()
 
 
-def command_of(script: str, models: Path, runs: Path, cli) -> list[str]:
+def command_of(script: str, models: Path, runs: Path, cli, precision: str = "fp32") -> list[str]:
     """The exact command line of one timing run."""
     task = {"classifier": ["--reward-model", str(models / "reward")], "vader": ["--reward-model", "vader"],
             "arithmetic": ["--reward-model", "arithmetic", "--arithmetic-digits", "2", "--min-response-length", "0"]}
@@ -127,7 +131,8 @@ def command_of(script: str, models: Path, runs: Path, cli) -> list[str]:
     return [sys.executable, str(ROOT / SCRIPTS[script]), "--model-name", str(models / "policy"), *task[cli.task],
             "--runs-dir", str(runs), "--num-threads", "1", "--cuda" if cli.cuda else "--no-cuda",
             "--batch-size", str(cli.batch_size), "--response-length", str(cli.response_length),
-            "--total-episodes", str(cli.batch_size * cli.iterations), "--eval-episodes", "0", *flags[script]]
+            "--total-episodes", str(cli.batch_size * cli.iterations), "--eval-episodes", "0", *flags[script],
+            *(["--bf16"] if precision == "bf16" else [])]
 
 
 def time_run(command: list[str], runs: Path, cuda: bool) -> dict:
@@ -156,13 +161,32 @@ def time_run(command: list[str], runs: Path, cuda: bool) -> dict:
             "peak_rss_gb": usage.ru_maxrss * 1024 / 1e9, "gpu_mib": max(gpu_used_mib)}
 
 
-def summary_row(script: str, result: dict) -> str:
-    """script | rollout | update | total (medians over the iterations after the first) | memory."""
+def per_iteration(result: dict) -> tuple[float, float]:
+    """Rollout and update seconds: the medians over the iterations after the first (which warms up)."""
     later = slice(1, None) if len(result["rollout"]) > 1 else slice(None)
-    rollout, update = (statistics.median(result[k][later]) for k in ("rollout", "update"))
+    return statistics.median(result["rollout"][later]), statistics.median(result["update"][later])
+
+
+def summary_row(script: str, result: dict, precision: str = "fp32") -> str:
+    """script | precision | rollout | update | total (per_iteration) | memory."""
+    rollout, update = per_iteration(result)
     gpu = f"{result['gpu_mib'] / 1024:.1f} GiB" if result["gpu_mib"] else "-"
-    return (f"| {SCRIPTS[script]} | {rollout:.2f} | {update:.2f} | {rollout + update:.2f} | "
+    return (f"| {SCRIPTS[script]} | {precision} | {rollout:.2f} | {update:.2f} | {rollout + update:.2f} | "
             f"{result['peak_rss_gb']:.2f} GB | {gpu} |")
+
+
+def speedups(results: list[tuple[str, str, dict]]) -> list[str]:
+    """Per script timed in both precisions: the median over its runs of fp32's total seconds per iteration over
+    the median of bf16's (above 1: bf16 is faster)."""
+    lines = []
+    for script in dict.fromkeys(s for s, _, _ in results):
+        totals = {p: [sum(per_iteration(r)) for s, q, r in results if s == script and q == p] for p in ("fp32", "bf16")}
+        if totals["fp32"] and totals["bf16"]:
+            ratio = statistics.median(totals["fp32"]) / statistics.median(totals["bf16"])
+            lines.append(f"- {SCRIPTS[script]}: fp32 {statistics.median(totals['fp32']):.2f} s, bf16 "
+                         f"{statistics.median(totals['bf16']):.2f} s per iteration (medians of "
+                         f"{len(totals['fp32'])} and {len(totals['bf16'])} runs): bf16 {ratio:.2f}x as fast")
+    return lines
 
 
 def main() -> None:
@@ -178,6 +202,9 @@ def main() -> None:
     parser.add_argument("--cuda", action="store_true", help="train on the GPU (default: the CPU)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "rlhf_cost.md"))
     parser.add_argument("--append", action="store_true", help="append the report to --out instead of replacing it")
+    parser.add_argument("--precisions", nargs="+", default=["fp32"], choices=["fp32", "bf16"],
+                        help="run each script in each (bf16: its --bf16), alternating")
+    parser.add_argument("--rounds", type=int, default=1, help="how many times each script runs in each precision")
     cli = parser.parse_args()
     if cli.batch_size % 8 != 0:
         raise SystemExit("error: --batch-size must be a multiple of 8 (GRPO's groups of 8, PPO's 4 minibatches)")
@@ -185,20 +212,26 @@ def main() -> None:
         raise SystemExit("error: --task classifier needs the GPT-2 tokenizer: use --architecture gpt2, or --task "
                          "vader / arithmetic")
 
-    rows, commands, details = [], [], []
+    rows, commands, details, results = [], [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         model_line = build_models(tmp, cli.architecture, reward_model=cli.task == "classifier")
-        for script in cli.scripts:
-            runs = tmp / f"runs_{script}"
-            command = command_of(script, tmp, runs, cli)
-            commands.append(shlex.join(["python", *command[1:]]).replace(str(tmp), "MODELS").replace(str(ROOT) + "/", ""))
-            result = time_run(command, runs, cli.cuda)
-            rows.append(summary_row(script, result))
-            print(rows[-1], flush=True)
-            details.append(f"- {SCRIPTS[script]}, per iteration: rollout "
-                           f"{', '.join(f'{x:.2f}' for x in result['rollout'])}; update "
-                           f"{', '.join(f'{x:.2f}' for x in result['update'])}; the whole process {result['wall']:.0f} s")
+        for round_ in range(cli.rounds):
+            for script in cli.scripts:
+                for precision in cli.precisions:
+                    runs = tmp / f"runs_{script}_{precision}_{round_}"
+                    command = command_of(script, tmp, runs, cli, precision)
+                    if round_ == 0:
+                        shown = shlex.join(["python", *command[1:]]).replace(str(tmp), "MODELS")
+                        commands.append(shown.replace(str(ROOT) + "/", ""))
+                    result = time_run(command, runs, cli.cuda)
+                    results.append((script, precision, result))
+                    rows.append(summary_row(script, result, precision))
+                    print(rows[-1], flush=True)
+                    details.append(f"- {SCRIPTS[script]}, {precision}, per iteration: rollout "
+                                   f"{', '.join(f'{x:.2f}' for x in result['rollout'])}; update "
+                                   f"{', '.join(f'{x:.2f}' for x in result['update'])}; the whole process "
+                                   f"{result['wall']:.0f} s")
     device = f"{nvidia_smi('name')} (--cuda)" if cli.cuda else "the CPU (--no-cuda)"
     report = "\n".join([
         f"## {cli.architecture}, {cli.task}, batch {cli.batch_size} x {cli.response_length} tokens",
@@ -206,16 +239,19 @@ def main() -> None:
         f"Command: `python benchmarks/rlhf_cost.py {' '.join(sys.argv[1:])}`",
         "",
         f"Device: {device}; {platform.machine()}, {os.cpu_count()} cores visible, torch {__import__('torch').__version__} "
-        f"on 1 CPU thread; measured {time.strftime('%Y-%m-%d %H:%M')}. Policy: {model_line}; fp32.",
+        f"on 1 CPU thread; measured {time.strftime('%Y-%m-%d %H:%M')}. Policy: {model_line}; weights fp32, "
+        f"computed in {' and '.join(cli.precisions)} ({cli.rounds} round{'s' if cli.rounds > 1 else ''}).",
         "Runs (MODELS: the folder of the built models):",
         *[f"- `{c}`" for c in commands],
         "",
         "Seconds per iteration (medians over the iterations after the first), the process's peak resident memory, "
         "and the most GPU memory in use while it ran (nvidia-smi, all processes, CUDA context included).",
         "",
-        "| script | rollout s | update s | total s | peak RSS | most GPU memory |",
-        "|---|---|---|---|---|---|",
+        "| script | precision | rollout s | update s | total s | peak RSS | most GPU memory |",
+        "|---|---|---|---|---|---|---|",
         *rows,
+        "",
+        *speedups(results),
         "",
         *details,
         "",

@@ -43,6 +43,7 @@ def test_each_script_gets_the_task_the_sizes_and_its_own_flags():
     cli.task, cli.cuda = "classifier", False
     assert flag(cost.command_of("ppo", models, runs, cli), "--reward-model") == "/m/reward"
     assert "--no-cuda" in cost.command_of("grpo", models, runs, cli)
+    assert "--bf16" not in ppo and cost.command_of("grpo", models, runs, cli, "bf16")[-1] == "--bf16"
     cli.task = "vader"
     vader = cost.command_of("grpo", models, runs, cli)
     assert flag(vader, "--reward-model") == "vader" and "--min-response-length" not in vader
@@ -53,9 +54,22 @@ def test_the_row_is_the_median_of_the_iterations_after_the_first():
     result = {"rollout": [9.0, 1.0, 3.0, 2.0], "update": [50.0, 4.0, 6.0, 8.0], "peak_rss_gb": 3.456,
               "gpu_mib": 2048}
     # medians of [1, 3, 2] and [4, 6, 8]: 2 and 6, total 8; 2048 MiB = 2.0 GiB
-    assert cost.summary_row("grpo", result) == "| grpo_gpt2.py | 2.00 | 6.00 | 8.00 | 3.46 GB | 2.0 GiB |"
+    assert cost.summary_row("grpo", result) == "| grpo_gpt2.py | fp32 | 2.00 | 6.00 | 8.00 | 3.46 GB | 2.0 GiB |"
     one = {"rollout": [5.0], "update": [7.0], "peak_rss_gb": 1.0, "gpu_mib": 0}  # one iteration: itself, no GPU
-    assert cost.summary_row("ppo", one) == "| ppo_rlhf_gpt2.py | 5.00 | 7.00 | 12.00 | 1.00 GB | - |"
+    assert cost.summary_row("ppo", one, "bf16") == "| ppo_rlhf_gpt2.py | bf16 | 5.00 | 7.00 | 12.00 | 1.00 GB | - |"
+
+
+def test_the_speedup_is_fp32_s_median_over_bf16_s_per_script():
+    cost = load()
+
+    def run(rollout, update):  # the first iteration warms up: never counted
+        return {"rollout": [99.0, rollout], "update": [99.0, update], "peak_rss_gb": 1.0, "gpu_mib": 0}
+
+    # PPO fp32 totals 10, 12, 30 (median 12), bf16 6, 8 (median 7): 12 / 7; GRPO only in fp32: no line
+    results = [("ppo", "fp32", run(4, 6)), ("ppo", "bf16", run(2, 4)), ("grpo", "fp32", run(1, 1)),
+               ("ppo", "fp32", run(5, 7)), ("ppo", "bf16", run(3, 5)), ("ppo", "fp32", run(10, 20))]
+    assert cost.speedups(results) == ["- ppo_rlhf_gpt2.py: fp32 12.00 s, bf16 7.00 s per iteration (medians of 3 "
+                                      "and 2 runs): bf16 1.71x as fast"]
 
 
 def test_the_tokenizer_covers_the_vocabulary_and_ends_with_its_eos():
