@@ -134,6 +134,8 @@ class Run(Common):
     """best-of-n: responses sampled per prompt (n = 1, 2, 4, ... up to it)"""
     tuned: bool = False
     """run each method's setting chosen by its tuning runs (<runs>/tuning) instead of --settings"""
+    bf16: bool = False
+    """each setting with --bf16 (detail 53; measured in fp32 all the same): rows of their own, '<setting> bf16'"""
 
 
 @dataclass
@@ -453,6 +455,8 @@ def run(args: Run) -> None:
             settings = {chosen[method]: TUNING[method][chosen[method]]} if method in chosen else {}
         else:
             settings = {k: v for k, v in METHODS[method][1].items() if not args.settings or k in args.settings}
+        if args.bf16:
+            settings = {f"{k} bf16": f"{v} --bf16" for k, v in settings.items()}
         run_settings(frontier, initial, method, settings, args.seeds, args, reward_model)
 
 
@@ -649,12 +653,21 @@ def report(args: Report) -> str:
     rows = {(r["method"], r["setting"]): r for r in frontier_rows(records) if len(r["seeds"]) > 1}
     lines += ["", "Over seeds, where two settings each have two or more seeds and all of them reach the KL: DPO's "
               "gold minus theirs, the mean over seeds and its 95% Welch interval:", ""]
+    bf16_lines = []  # each setting run with --bf16 against the same setting in fp32
     for (a, b), target in itertools.product(itertools.permutations(rows, 2), KL_TARGETS):
         ga, gb = ([gold_at_kl(r["points"], target) for r in records if (r["method"], r["setting"]) == key]
                   for key in (a, b))
-        if a[0] == "dpo" != b[0] and None not in ga + gb:
+        same_precision = a[1].endswith(" bf16") == b[1].endswith(" bf16")
+        if a[0] == "dpo" != b[0] and same_precision and None not in ga + gb:
             lines.append("- {} {} minus {} {}, at KL {:g}: {:+.3f} ± {:.3f}".format(
                 *a, *b, target, *difference_interval(ga, gb)))
+        if a == (b[0], b[1] + " bf16") and None not in ga + gb:
+            bf16_lines.append("- {} {}, at KL {:g}: {:+.3f} ± {:.3f}".format(
+                *b, target, *difference_interval(ga, gb)))
+    if bf16_lines:
+        lines += ["", "bf16 against fp32, where a setting has two or more seeds in each that reach the KL: the gold "
+                  "of its --bf16 runs minus that of its fp32 runs, the mean over seeds and its 95% Welch interval:",
+                  "", *bf16_lines]
     colors = {"dpo": "C0", "ppo": "C1", "grpo": "C2", "ppo_gold": "C3", BEST_OF_N: "C4"}
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for r in records:

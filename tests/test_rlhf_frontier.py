@@ -76,6 +76,22 @@ def test_the_differences_over_seeds_by_hand(tmp_path):
     # the points themselves, 0.5 - 0.2.
     assert lines == ["- dpo a minus ppo a, at KL 1: +0.150 ± 0.304", "- dpo a minus ppo a, at KL 2: +0.300 ± 0.609",
                      "- dpo a minus ppo a, at KL 3: +0.300 ± 0.609"]
+    # the same settings run with --bf16 (`run --bf16`: setting "a bf16"), golds at KL 2 and 4 as written
+    golds = {("dpo", 1): (0.5, 0.7), ("dpo", 2): (0.7, 0.9), ("ppo", 1): (0.1, 0.3), ("ppo", 2): (0.3, 0.5)}
+    for (method, seed), (g2, g4) in golds.items():
+        (runs / method / f"a_bf16__{seed}.json").write_text(json.dumps(
+            {"method": method, "setting": "a bf16", "seed": seed, "cpu_minutes": 1.0,
+             "points": [point(0.0, 0.0), point(2.0, g2), point(4.0, g4)]}))
+    text = F.report(F.Report(runs=str(runs), out=str(tmp_path / "page")))
+    # DPO against the others within one precision only; bf16 minus fp32 per setting: dpo at KL 3 0.7 - 0.6,
+    # ppo 0.3 - 0.3, and DPO minus PPO in bf16 0.7 - 0.3, each spread as above (Welch dof 2): the half-width
+    # 0.609; at KL 1 half of it
+    assert [line for line in text.splitlines() if " minus " in line and ", at KL 3" in line] == [
+        "- dpo a minus ppo a, at KL 3: +0.300 ± 0.609", "- dpo a bf16 minus ppo a bf16, at KL 3: +0.400 ± 0.609"]
+    bf16 = text.split("bf16 against fp32")[1].splitlines()
+    assert [line for line in bf16 if line.startswith("- ")] == [
+        "- dpo a, at KL 1: +0.050 ± 0.304", "- dpo a, at KL 2: +0.100 ± 0.609", "- dpo a, at KL 3: +0.100 ± 0.609",
+        "- ppo a, at KL 1: +0.000 ± 0.304", "- ppo a, at KL 2: +0.000 ± 0.609", "- ppo a, at KL 3: +0.000 ± 0.609"]
 
 
 def test_the_report_keeps_the_page_s_hand_written_top(tmp_path):
@@ -218,6 +234,19 @@ def test_every_method_is_measured_by_the_one_evaluation(tiny_frontier, monkeypat
                 "| best_of_n | N 4 | - |"):
         assert row in text
     assert (tiny_frontier["tmp"] / "frontier.png").stat().st_size > 0
+
+
+def test_run_bf16_trains_each_setting_with_bf16_in_rows_of_its_own(tiny_frontier):
+    """`run --bf16`: the setting's flags plus --bf16, its record beside the fp32 one as "<setting> bf16"."""
+    common, runs = tiny_frontier["common"], Path(tiny_frontier["common"]["runs"])
+    F.run(F.Run(preferences=tiny_frontier["prefs"], methods=["dpo"], seeds=[1], bf16=True, **common))
+    assert [p.name for p in (runs / "dpo").glob("*.json")] == ["beta_0.1_bf16__1.json"]
+    record = json.loads((runs / "dpo" / "beta_0.1_bf16__1.json").read_text())
+    assert record["setting"] == "beta 0.1 bf16" and record["command"].split().count("--bf16") == 1
+    assert [p["step"] for p in record["points"]] == [0, 2, 4] and record["points"][0]["kl"] == 0.0
+    assert all(p["kl"] != 0.0 for p in record["points"][1:])
+    text = F.report(F.Report(runs=common["runs"], out=str(tiny_frontier["tmp"] / "page")))
+    assert "| dpo | beta 0.1 bf16 | 1 |" in text
 
 
 def test_the_evaluation_draws_the_same_samples_and_scores_vader(tiny):
