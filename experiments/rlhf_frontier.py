@@ -21,6 +21,9 @@ over prompts.
 Usage (from the repository root; each step skips the runs whose record exists, so it can span sittings):
     python experiments/rlhf_frontier.py reward-model --preferences vader_2000.jsonl
     python experiments/rlhf_frontier.py run --preferences vader_2000.jsonl --methods dpo ppo --seeds 1 2 3
+    python experiments/rlhf_frontier.py tune --preferences vader_2000.jsonl     # each grid, validation prompts
+    python experiments/rlhf_frontier.py run --preferences vader_2000.jsonl --tuned --seeds 4 5 6   # its choices
+    python experiments/rlhf_frontier.py run --preferences vader_2000.jsonl --tuned --seeds 4 5 6 --bf16
     python experiments/rlhf_frontier.py report
 Records go to --runs (experiments/runs/rlhf_frontier/<method>/<setting>__<seed>.json); the report writes
 docs/results/rlhf_frontier.{md,png}, keeping what is above a line `<!-- generated -->` in the page.
