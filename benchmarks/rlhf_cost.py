@@ -1,4 +1,4 @@
-"""Seconds and memory of one RLHF iteration of ppo_rlhf_gpt2.py and grpo_gpt2.py on a given architecture and device.
+"""Seconds and memory of an RLHF iteration (PPO, GRPO) or optimizer step (DPO, reward model) on a given device.
 
 Builds locally (no model hub) a randomly initialised policy of the chosen architecture (GPT-2-small, or the
 architectures of SmolLM2-135M and SmolLM2-1.7B: timing only, the weights are random) and a byte-level BPE tokenizer
@@ -11,6 +11,11 @@ G = 8, k3 at beta 0.04) plus --ppo-flags / --grpo-flags. With --precisions fp32 
 (bf16: --bf16, autocast with fp32 weights), alternating, --rounds times, and the report gives each script's
 fp32 seconds per iteration over its bf16 ones.
 
+dpo_gpt2.py and reward_model_gpt2.py (--scripts dpo rm) train at their defaults (32 comparisons a step) on the first
+lines of --preferences, enough for --iterations + 2 steps; their seconds are the gaps between the wall times of
+consecutive steps' logged losses (the medians after the first gap; setup, the reference's log-probs and the probe
+not counted), shown as update seconds; --batch-size and --response-length are PPO's and GRPO's.
+
 Tasks: `classifier` (a GPT2ForSequenceClassification reward model of GPT-2-small's size), `vader`, and
 `arithmetic` (two-digit sums, --min-response-length 0). Score normalization is off in PPO (it samples extra
 batches before training).
@@ -20,10 +25,13 @@ Usage: python benchmarks/rlhf_cost.py [--iterations 2] [--out benchmarks/results
            --batch-size 16 --iterations 3 --precisions fp32 bf16 --rounds 2 --out benchmarks/results/rlhf_bf16.md
        python benchmarks/rlhf_cost.py --cuda --scripts ppo grpo --architecture smollm2-135m --task arithmetic \
            --batch-size 64 --response-length 8 --iterations 5 --out benchmarks/results/rlhf_cost_gpu.md
+       python benchmarks/rlhf_cost.py --scripts dpo rm --architecture smollm2-135m --task vader \
+           --preferences vader_2000.jsonl --iterations 4 --precisions fp32 bf16 --out benchmarks/results/rlhf_bf16.md
 """
 
 import argparse
 import json
+import math
 import os
 import platform
 import shlex
@@ -38,7 +46,9 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-SCRIPTS = {"ppo": "ppo_rlhf_gpt2.py", "grpo": "grpo_gpt2.py"}
+SCRIPTS = {"ppo": "ppo_rlhf_gpt2.py", "grpo": "grpo_gpt2.py", "dpo": "dpo_gpt2.py", "rm": "reward_model_gpt2.py"}
+LOSS = {"dpo": "losses/dpo_loss", "rm": "losses/reward_loss"}  # logged once a step by the preference scripts
+COMPARISONS_PER_STEP = 32  # their default --batch-size
 # The architectures of SmolLM2-135M and SmolLM2-1.7B (their config.json files), GPT-2-small's (GPT2Config()).
 LLAMA = {
     "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
@@ -109,12 +119,29 @@ def build_models(directory: Path, architecture: str = "gpt2", reward_model: bool
     return f"{architecture} architecture, randomly initialised, {size:.1f}M parameters, vocabulary {vocab_size}"
 
 
-def read_scalars(run_dir: Path) -> dict:
+def read_scalars(run_dir: Path, wall_times: bool = False) -> dict:
+    """Each scalar tag's values in step order (with wall_times: the seconds since the epoch each was logged at)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
     events.Reload()
-    return {tag: [e.value for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+    return {tag: [e.wall_time if wall_times else e.value for e in events.Scalars(tag)]
+            for tag in events.Tags()["scalars"]}
+
+
+def step_seconds(wall_times: list[float]) -> list[float]:
+    """The seconds of each step after the first: the gaps between consecutive steps' logging times."""
+    return [b - a for a, b in zip(wall_times, wall_times[1:])]
+
+
+def write_comparisons(source: str, destination: Path, iterations: int, eval_fraction: float = 0.1) -> None:
+    """The first lines of `source`: enough that the part not held out fills iterations + 2 steps."""
+    lines = Path(source).read_text().splitlines()
+    needed = math.ceil(COMPARISONS_PER_STEP * (iterations + 2) / (1 - eval_fraction)) + COMPARISONS_PER_STEP
+    if len(lines) < needed:
+        raise SystemExit(f"error: --preferences {source} has {len(lines)} comparisons; --iterations {iterations} "
+                         f"needs {needed}: pass a bigger file or fewer --iterations")
+    destination.write_text("\n".join(lines[:needed]) + "\n")
 
 
 def nvidia_smi(field: str) -> str:
@@ -128,6 +155,11 @@ def command_of(script: str, models: Path, runs: Path, cli, precision: str = "fp3
     task = {"classifier": ["--reward-model", str(models / "reward")], "vader": ["--reward-model", "vader"],
             "arithmetic": ["--reward-model", "arithmetic", "--arithmetic-digits", "2", "--min-response-length", "0"]}
     flags = {"ppo": ["--no-normalize-scores", *shlex.split(cli.ppo_flags)], "grpo": shlex.split(cli.grpo_flags)}
+    if script in LOSS:  # trains on comparisons: no reward, no rollout
+        return [sys.executable, str(ROOT / SCRIPTS[script]), "--model-name", str(models / "policy"),
+                "--preferences", str(models / "comparisons.jsonl"), "--runs-dir", str(runs), "--num-threads", "1",
+                "--cuda" if cli.cuda else "--no-cuda", "--eval-every", "0",
+                *(["--eval-episodes", "0"] if script == "dpo" else []), *(["--bf16"] if precision == "bf16" else [])]
     return [sys.executable, str(ROOT / SCRIPTS[script]), "--model-name", str(models / "policy"), *task[cli.task],
             "--runs-dir", str(runs), "--num-threads", "1", "--cuda" if cli.cuda else "--no-cuda",
             "--batch-size", str(cli.batch_size), "--response-length", str(cli.response_length),
@@ -135,7 +167,7 @@ def command_of(script: str, models: Path, runs: Path, cli, precision: str = "fp3
             *(["--bf16"] if precision == "bf16" else [])]
 
 
-def time_run(command: list[str], runs: Path, cuda: bool) -> dict:
+def time_run(command: list[str], runs: Path, cuda: bool, script: str = "ppo") -> dict:
     """Runs one command; its per-iteration rollout and update seconds, peak resident memory and GPU memory."""
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     start = time.time()
@@ -156,9 +188,14 @@ def time_run(command: list[str], runs: Path, cuda: bool) -> dict:
     if process.returncode != 0:
         raise SystemExit(f"training failed (exit {process.returncode}): {shlex.join(command)}")
     (run_dir,) = list(runs.iterdir())
-    scalars = read_scalars(run_dir)
-    return {"rollout": scalars["time/rollout"], "update": scalars["time/update"], "wall": time.time() - start,
-            "peak_rss_gb": usage.ru_maxrss * 1024 / 1e9, "gpu_mib": max(gpu_used_mib)}
+    if script in LOSS:
+        steps = step_seconds(read_scalars(run_dir, wall_times=True)[LOSS[script]])
+        timing = {"rollout": [0.0] * len(steps), "update": steps}
+    else:
+        scalars = read_scalars(run_dir)
+        timing = {"rollout": scalars["time/rollout"], "update": scalars["time/update"]}
+    return {**timing, "wall": time.time() - start, "peak_rss_gb": usage.ru_maxrss * 1024 / 1e9,
+            "gpu_mib": max(gpu_used_mib)}
 
 
 def per_iteration(result: dict) -> tuple[float, float]:
@@ -171,7 +208,8 @@ def summary_row(script: str, result: dict, precision: str = "fp32") -> str:
     """script | precision | rollout | update | total (per_iteration) | memory."""
     rollout, update = per_iteration(result)
     gpu = f"{result['gpu_mib'] / 1024:.1f} GiB" if result["gpu_mib"] else "-"
-    return (f"| {SCRIPTS[script]} | {precision} | {rollout:.2f} | {update:.2f} | {rollout + update:.2f} | "
+    shown = "-" if script in LOSS else f"{rollout:.2f}"  # no rollout: the update is one optimizer step
+    return (f"| {SCRIPTS[script]} | {precision} | {shown} | {update:.2f} | {rollout + update:.2f} | "
             f"{result['peak_rss_gb']:.2f} GB | {gpu} |")
 
 
@@ -199,6 +237,7 @@ def main() -> None:
     parser.add_argument("--response-length", type=int, default=24)
     parser.add_argument("--ppo-flags", default="", help="more flags for ppo_rlhf_gpt2.py, in one string")
     parser.add_argument("--grpo-flags", default="", help="more flags for grpo_gpt2.py, in one string")
+    parser.add_argument("--preferences", help="--scripts dpo / rm: a JSONL file of comparisons (its first lines)")
     parser.add_argument("--cuda", action="store_true", help="train on the GPU (default: the CPU)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "rlhf_cost.md"))
     parser.add_argument("--append", action="store_true", help="append the report to --out instead of replacing it")
@@ -211,10 +250,15 @@ def main() -> None:
     if cli.task == "classifier" and cli.architecture != "gpt2":
         raise SystemExit("error: --task classifier needs the GPT-2 tokenizer: use --architecture gpt2, or --task "
                          "vader / arithmetic")
+    if set(cli.scripts) & set(LOSS) and not (cli.preferences and Path(cli.preferences).is_file()):
+        raise SystemExit(f"error: --scripts dpo / rm need --preferences FILE, a JSONL file of comparisons "
+                         f"(got {cli.preferences})")
 
     rows, commands, details, results = [], [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
+        if set(cli.scripts) & set(LOSS):
+            write_comparisons(cli.preferences, tmp / "comparisons.jsonl", cli.iterations)
         model_line = build_models(tmp, cli.architecture, reward_model=cli.task == "classifier")
         for round_ in range(cli.rounds):
             for script in cli.scripts:
@@ -224,17 +268,23 @@ def main() -> None:
                     if round_ == 0:
                         shown = shlex.join(["python", *command[1:]]).replace(str(tmp), "MODELS")
                         commands.append(shown.replace(str(ROOT) + "/", ""))
-                    result = time_run(command, runs, cli.cuda)
+                    result = time_run(command, runs, cli.cuda, script)
                     results.append((script, precision, result))
                     rows.append(summary_row(script, result, precision))
                     print(rows[-1], flush=True)
-                    details.append(f"- {SCRIPTS[script]}, {precision}, per iteration: rollout "
-                                   f"{', '.join(f'{x:.2f}' for x in result['rollout'])}; update "
-                                   f"{', '.join(f'{x:.2f}' for x in result['update'])}; the whole process "
-                                   f"{result['wall']:.0f} s")
+                    rollouts = ", ".join(f"{x:.2f}" for x in result["rollout"])
+                    rollout = "" if script in LOSS else f"rollout {rollouts}; "
+                    details.append(f"- {SCRIPTS[script]}, {precision}, per {'step' if script in LOSS else 'iteration'}"
+                                   f": {rollout}update {', '.join(f'{x:.2f}' for x in result['update'])}; the whole "
+                                   f"process {result['wall']:.0f} s")
     device = f"{nvidia_smi('name')} (--cuda)" if cli.cuda else "the CPU (--no-cuda)"
+    sizes = []
+    if set(cli.scripts) - set(LOSS):
+        sizes.append(f"{cli.task}, batch {cli.batch_size} x {cli.response_length} tokens")
+    if set(cli.scripts) & set(LOSS):
+        sizes.append(f"{COMPARISONS_PER_STEP} comparisons a step")
     report = "\n".join([
-        f"## {cli.architecture}, {cli.task}, batch {cli.batch_size} x {cli.response_length} tokens",
+        f"## {cli.architecture}, {'; '.join(sizes)}",
         "",
         f"Command: `python benchmarks/rlhf_cost.py {' '.join(sys.argv[1:])}`",
         "",
@@ -244,7 +294,8 @@ def main() -> None:
         "Runs (MODELS: the folder of the built models):",
         *[f"- `{c}`" for c in commands],
         "",
-        "Seconds per iteration (medians over the iterations after the first), the process's peak resident memory, "
+        "Seconds per iteration or step (medians over the iterations after the first; DPO and the reward model: over "
+        "the gaps between logged steps after the first), the process's peak resident memory, "
         "and the most GPU memory in use while it ran (nvidia-smi, all processes, CUDA context included).",
         "",
         "| script | precision | rollout s | update s | total s | peak RSS | most GPU memory |",

@@ -49,6 +49,38 @@ def test_each_script_gets_the_task_the_sizes_and_its_own_flags():
     assert flag(vader, "--reward-model") == "vader" and "--min-response-length" not in vader
 
 
+def test_the_preference_scripts_train_on_the_copied_comparisons_without_rollout_flags():
+    cost = load()
+    cli = SimpleNamespace(task="vader", cuda=False, batch_size=64, response_length=8, iterations=5, ppo_flags="",
+                          grpo_flags="--beta 0")
+    dpo, rm = (cost.command_of(script, Path("/m"), Path("/r"), cli, "bf16") for script in ("dpo", "rm"))
+    assert dpo[1].endswith("dpo_gpt2.py") and rm[1].endswith("reward_model_gpt2.py")
+    for command in (dpo, rm):
+        assert flag(command, "--preferences") == "/m/comparisons.jsonl" and flag(command, "--eval-every") == "0"
+        assert flag(command, "--model-name") == "/m/policy" and "--no-cuda" in command and command[-1] == "--bf16"
+        assert not {"--reward-model", "--batch-size", "--total-episodes", "--beta"} & set(command)
+    assert flag(dpo, "--eval-episodes") == "0" and "--eval-episodes" not in rm  # the RM samples nothing
+
+
+def test_the_comparisons_copied_fill_two_more_steps_than_timed(tmp_path):
+    cost = load()
+    source = tmp_path / "all.jsonl"
+    source.write_text("".join(f'{{"i": {i}}}\n' for i in range(1000)))
+    cost.write_comparisons(str(source), tmp_path / "part.jsonl", iterations=4)
+    # 32 x (4 + 2) = 192 to train on after a tenth held out: ceil(192 / 0.9) = 214, plus a step's 32 to spare
+    assert (tmp_path / "part.jsonl").read_text().splitlines() == [f'{{"i": {i}}}' for i in range(246)]
+    with pytest.raises(SystemExit, match="--preferences .* has 1000 comparisons; --iterations 40 needs 1526"):
+        cost.write_comparisons(str(source), tmp_path / "part.jsonl", iterations=40)
+
+
+def test_a_step_lasts_from_one_logged_loss_to_the_next_and_shows_no_rollout():
+    cost = load()
+    assert cost.step_seconds([100.0, 103.5, 104.0, 110.0]) == [3.5, 0.5, 6.0]
+    result = {"rollout": [0.0, 0.0, 0.0], "update": [3.5, 0.5, 6.0], "peak_rss_gb": 1.0, "gpu_mib": 0}
+    # the first gap dropped: median of [0.5, 6.0] = 3.25
+    assert cost.summary_row("dpo", result, "bf16") == "| dpo_gpt2.py | bf16 | - | 3.25 | 3.25 | 1.00 GB | - |"
+
+
 def test_the_row_is_the_median_of_the_iterations_after_the_first():
     cost = load()
     result = {"rollout": [9.0, 1.0, 3.0, 2.0], "update": [50.0, 4.0, 6.0, 8.0], "peak_rss_gb": 3.456,
@@ -84,6 +116,8 @@ def test_the_tokenizer_covers_the_vocabulary_and_ends_with_its_eos():
 @pytest.mark.parametrize("argv, message", [
     (["--batch-size", "12"], "--batch-size must be a multiple of 8"),
     (["--architecture", "smollm2-135m"], "--task classifier needs the GPT-2 tokenizer"),
+    (["--scripts", "ppo", "dpo"], "--scripts dpo / rm need --preferences FILE"),
+    (["--scripts", "rm", "--preferences", "/nonexistent.jsonl"], "--scripts dpo / rm need --preferences FILE"),
 ])
 def test_bad_arguments_fail_before_any_model_is_built(argv, message):
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "rlhf_cost.py"), *argv], capture_output=True,
