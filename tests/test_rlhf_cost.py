@@ -123,3 +123,20 @@ def test_bad_arguments_fail_before_any_model_is_built(argv, message):
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "rlhf_cost.py"), *argv], capture_output=True,
                             text=True, timeout=60)
     assert result.returncode != 0 and message in result.stderr
+
+
+def test_the_profiled_sampling_step_sees_the_same_cache_each_time_and_training_reaches_every_weight():
+    spec = importlib.util.spec_from_file_location("bf16_profile", ROOT / "benchmarks" / "bf16_profile.py")
+    profile = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(profile)
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                         num_attention_heads=2, num_key_value_heads=1, head_dim=8)).eval()
+    runs = profile.passes(model, batch_size=3, tokens=5)
+    first, second = runs["sample"](), runs["sample"]()
+    assert first.shape == (3, 1, 50) and torch.equal(first, second)  # a cache that grew would change the logits
+    runs["train"]()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
