@@ -1,7 +1,10 @@
 """Where a --bf16 pass spends its time on this CPU: torch.profiler over the two kinds of pass an RLHF iteration
 is made of, in fp32 and under bfloat16 autocast (--bf16's way: a model's forward wrapped in autocast).
 
-- `sample`: one forward of one new token for a batch, with the key-value cache of a prompt (a sampling step);
+- `sample`: one forward of one new token for a batch, with the key-value cache of a prompt (a sampling step),
+  each forward its own autocast region (its weights cast to bf16 at every call);
+- `sample, one region`: the same inside one autocast region kept open over the steps, as the scripts' generate
+  runs its loop, so that autocast's cache keeps each weight's bf16 copy (fp32: the same as `sample`);
 - `train`: one forward and backward of a batch of whole sequences (an update's micro-batch).
 
 The model has SmolLM2-135M's architecture with random weights (timing only), one torch thread. Per pass and
@@ -12,6 +15,7 @@ Usage: python benchmarks/bf16_profile.py [--batch-size 16] [--tokens 30] [--repe
 """
 
 import argparse
+import contextlib
 import statistics
 import time
 from pathlib import Path
@@ -43,7 +47,7 @@ def passes(model, batch_size: int, tokens: int) -> dict:
     def train():
         model(input_ids=ids).logits.float().log_softmax(-1).mean().backward()
 
-    return {"sample": sample, "train": train}
+    return {"sample": sample, "sample, one region": sample, "train": train}
 
 
 def main() -> None:
@@ -66,15 +70,18 @@ def main() -> None:
         if precision == "bf16":
             model.forward = torch.autocast("cpu", dtype=torch.bfloat16)(model.forward)
         for name, run in passes(model, cli.batch_size, cli.tokens).items():
-            run()  # warm-up
-            timed = []
-            for _ in range(cli.repeats):
-                start = time.perf_counter()
-                run()
-                timed.append(time.perf_counter() - start)
-            seconds[name, precision] = statistics.median(timed)
-            with profile(activities=[ProfilerActivity.CPU]) as prof:
-                run()
+            with contextlib.ExitStack() as region:
+                if name == "sample, one region":  # entered once: the warm-up fills autocast's cache
+                    region.enter_context(torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"))
+                run()  # warm-up
+                timed = []
+                for _ in range(cli.repeats):
+                    start = time.perf_counter()
+                    run()
+                    timed.append(time.perf_counter() - start)
+                seconds[name, precision] = statistics.median(timed)
+                with profile(activities=[ProfilerActivity.CPU]) as prof:
+                    run()
             events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
             total = sum(e.self_cpu_time_total for e in events)
             cast = sum(e.self_cpu_time_total for e in events if e.key in CASTS)
@@ -85,7 +92,8 @@ def main() -> None:
                       f"{100 * e.self_cpu_time_total / total:.0f}% |" for e in events[: cli.top]]
             lines.append("")
     lines += [f"- {name}: fp32 {seconds[name, 'fp32']:.3f} s, bf16 {seconds[name, 'bf16']:.3f} s a pass: bf16 "
-              f"{seconds[name, 'fp32'] / seconds[name, 'bf16']:.2f}x as fast" for name in ("sample", "train")]
+              f"{seconds[name, 'fp32'] / seconds[name, 'bf16']:.2f}x as fast"
+              for name in ("sample", "sample, one region", "train")]
     report = "\n".join(lines) + "\n"
     print(report)
     if cli.out:

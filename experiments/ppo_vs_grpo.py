@@ -15,6 +15,7 @@ Each run is the script itself in a subprocess (one torch thread), so that its pe
 seconds are its own (os.wait4); runs go side by side, --jobs at a time, so that their wall-clock times compare.
 Subcommands:
     python experiments/ppo_vs_grpo.py tune --jobs 2            # GRIDS, on the validation split, one seed
+    python experiments/ppo_vs_grpo.py tune --methods rloo --jobs 1     # one method's grid (GRIDS' keys)
     python experiments/ppo_vs_grpo.py run --tuned --seeds 7 8 9 10 11 12 --jobs 2   # the rule's choices
     python experiments/ppo_vs_grpo.py run --tuned --equal-cpu --seeds 7 8 9 10 11 12   # at PPO's time
     python experiments/ppo_vs_grpo.py tune --earlier-grid --jobs 2    # TUNING, the earlier grid of GRPO and RLOO
@@ -104,6 +105,11 @@ GRIDS = {
                           f"--learning-rate {lr}", G=("2", "4", "8", "16"), lr=("1e-5", "2e-5")),
 }
 PROTOCOL_TUNING = {f"{method} {setting}": flags for method, grid in GRIDS.items() for setting, flags in grid.items()}
+
+
+def protocol_tuning(methods) -> dict[str, str]:
+    """PROTOCOL_TUNING's runs of these methods (`tune --methods`: two processes can tune different methods)."""
+    return {name: flags for name, flags in PROTOCOL_TUNING.items() if name.split(" ")[0] in methods}
 SEEDS = (7, 8, 9, 10, 11, 12)
 # At equal training time: each critic-free method's chosen setting again, with as many completions as its training
 # seconds per completion (at 512) buy in tuned PPO's mean training seconds at 512, in whole batches of 64
@@ -465,6 +471,7 @@ def main() -> None:
     tune.add_argument("--jobs", type=int, default=2, help="runs at a time (at most one per idle core)")
     tune.add_argument("--runs", default=RUNS + "_protocol_tuning", help="runs folder and records.jsonl")
     tune.add_argument("--earlier-grid", action="store_true", help="the earlier grid (TUNING) instead")
+    tune.add_argument("--methods", nargs="+", default=list(GRIDS), choices=list(GRIDS), help="the grids to run")
     report = sub.add_parser("report", help="write the results page from the records")
     report.add_argument("--runs", default=RUNS)
     report.add_argument("--tuning", default=RUNS + "_tuning", help="the tuning runs' folder (if it has records)")
@@ -491,7 +498,7 @@ def main() -> None:
         run_all(args.methods, args.seeds, runs, args.jobs, args.common)
     elif args.subcommand == "tune":
         runs.mkdir(parents=True, exist_ok=True)
-        grid = TUNING if args.earlier_grid else PROTOCOL_TUNING
+        grid = TUNING if args.earlier_grid else protocol_tuning(args.methods)
         run_all(list(grid), [protocol.TUNING_SEED], runs, args.jobs, TUNING_COMMON, grid)
     else:
         records = recorded(runs / "records.jsonl")

@@ -653,6 +653,16 @@ def test_ppo_vs_grpo_report_from_fake_runs(tmp_path):
     assert "- `python t.py --seed 100 --name e`\n" in text
 
 
+def test_ppo_vs_grpo_tune_runs_the_grids_of_the_methods_named():
+    pvg = load("ppo_vs_grpo")
+    rloo = pvg.protocol_tuning(["rloo"])
+    assert list(rloo) == [f"rloo G {g} lr {lr}" for g in (2, 4, 8, 16) for lr in ("1e-5", "2e-5")]
+    assert rloo["rloo G 16 lr 2e-5"].endswith("--num-generations 16 --learning-rate 2e-5")
+    both = pvg.protocol_tuning(["ppo", "rloo"])
+    assert len(both) == 16 and [n.split(" ")[0] for n in both] == ["ppo"] * 8 + ["rloo"] * 8
+    assert pvg.protocol_tuning(["ppo", "grpo", "rloo"]) == pvg.PROTOCOL_TUNING
+
+
 def test_ppo_vs_grpo_tuned_methods_run_the_chosen_flags():
     """grpo_tuned and rloo run exactly the flags of a tuning run (the grid is where they come from)."""
     pvg = load("ppo_vs_grpo")
