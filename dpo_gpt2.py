@@ -143,9 +143,9 @@ def model_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict:
 
 
 def autocast_bf16(bf16: bool, device: torch.device, *models) -> None:
-    """detail 53: with --bf16, each model's forward in bfloat16 autocast, entered and left at every call (no
-    bf16 weight copy outlives a pass), weights fp32. After deep copies: a copy runs the original's forward.
-    Each weight first moves to a random fp32 value that rounds to the same bf16 one (seeded: the same in every
+    """detail 53: with --bf16, each model's forward in bfloat16 autocast, weights fp32; a weight's bf16 copy
+    lives for one pass (generate: its loop). After deep copies: a copy runs the original's forward. Each
+    weight first moves to a random fp32 value that rounds to the same bf16 one (seeded: the same in every
     copy), so that a step smaller than that cell changes its bf16 value with probability step / cell."""
     for model in [m for m in models if bf16 and m is not None]:
         model.forward = torch.autocast(device.type, dtype=torch.bfloat16)(model.forward)
@@ -422,7 +422,7 @@ def mean_and_stderr_over_prompts(values: list[float], prompts: list[str]) -> tup
     return means.mean().item(), (means.std() / len(means) ** 0.5).item() if len(means) > 1 else 0.0
 
 
-@torch.inference_mode()
+@torch.no_grad()  # not inference_mode: generate's bf16 weight cache (53)
 def evaluate_samples(policy, reference, eval_prompts: list[str], tokenizer, stop_token_id: int, gold_fn,
                      args: Args, device) -> dict:
     """The RL files' held-out evaluation: eval_episodes responses to the held-out prompts (cycled), sampled
@@ -723,30 +723,33 @@ def sample_responses(policy, prompts: list[str], tokenizer, stop_token_id: int, 
     mask and whether each response stopped."""
     queries = tokenizer(prompts, padding=True, truncation=True, max_length=args.max_query_length,
                         return_tensors="pt")["input_ids"].to(device)
-    responses = generate(policy, queries, args.response_length, args.temperature, tokenizer.pad_token_id)
+    responses = generate(policy, queries, args.response_length, args.temperature, tokenizer.pad_token_id,
+                         args.bf16)
     responses, response_mask, contain_stop = truncate_after_stop_token(
         responses, stop_token_id, tokenizer.pad_token_id, args.min_response_length)
     return queries, responses, response_mask, contain_stop
 
 
-@torch.inference_mode()
-def generate(policy, queries: torch.Tensor, response_length: int, temperature: float, pad_token_id: int):
+@torch.no_grad()  # not inference_mode, which turns autocast's weight cache off (53)
+def generate(policy, queries: torch.Tensor, response_length: int, temperature: float, pad_token_id: int,
+             bf16: bool = False):
     """Sample response_length tokens after each left-padded query (detail 24), with the KV cache."""
     inputs = model_inputs(queries, queries != pad_token_id)  # detail 25
     attention_mask, position_ids = inputs["attention_mask"], inputs["position_ids"]
     input_ids, past_key_values, responses = inputs["input_ids"], None, []
-    for _ in range(response_length):
-        output = policy(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                        past_key_values=past_key_values, use_cache=True, logits_to_keep=1)
-        past_key_values = output.past_key_values
-        logits = output.logits[:, -1].float() / temperature  # detail 26; fp32, also under --bf16
-        if pad_token_id < logits.shape[-1]:  # detail 23: a pad id inside the vocabulary is never sampled
-            logits[:, pad_token_id] = torch.finfo(logits.dtype).min
-        token = torch.multinomial(logits.softmax(-1), 1)  # detail 27: pure sampling
-        responses.append(token)
-        input_ids = token
-        attention_mask = torch.cat([attention_mask, torch.ones_like(token, dtype=torch.bool)], dim=1)
-        position_ids = position_ids[:, -1:] + 1
+    with torch.autocast(queries.device.type, dtype=torch.bfloat16, enabled=bf16):  # detail 53: cast once
+        for _ in range(response_length):
+            output = policy(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                            past_key_values=past_key_values, use_cache=True, logits_to_keep=1)
+            past_key_values = output.past_key_values
+            logits = output.logits[:, -1].float() / temperature  # detail 26; fp32, also under --bf16
+            if pad_token_id < logits.shape[-1]:  # detail 23: a pad id inside the vocabulary is never sampled
+                logits[:, pad_token_id] = torch.finfo(logits.dtype).min
+            token = torch.multinomial(logits.softmax(-1), 1)  # detail 27: pure sampling
+            responses.append(token)
+            input_ids = token
+            attention_mask = torch.cat([attention_mask, torch.ones_like(token, dtype=torch.bool)], dim=1)
+            position_ids = position_ids[:, -1:] + 1
     return torch.cat(responses, dim=1)
 
 

@@ -178,7 +178,7 @@ def sample_and_score(policy, queries, tokenizer, stop_token_id: int, reward_fn, 
     the stop token included), contain_stop and the raw scores of the reward function, which reads text."""
     pad_token_id = tokenizer.pad_token_id
     responses, logprobs = generate(policy, queries, args.response_length, args.temperature, pad_token_id,
-                                   greedy)
+                                   greedy, args.bf16)
     responses, response_mask, contain_stop = truncate_after_stop_token(responses, stop_token_id, pad_token_id,
                                                                        args.min_response_length)
     texts = tokenizer.batch_decode(torch.cat([queries, responses], dim=1), skip_special_tokens=True)
@@ -248,9 +248,9 @@ def gather_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
 
 
 def autocast_bf16(bf16: bool, device: torch.device, *models) -> None:
-    """detail 53: with --bf16, each model's forward in bfloat16 autocast, entered and left at every call (no
-    bf16 weight copy outlives a pass), weights fp32. After deep copies: a copy runs the original's forward.
-    Each weight first moves to a random fp32 value that rounds to the same bf16 one (seeded: the same in every
+    """detail 53: with --bf16, each model's forward in bfloat16 autocast, weights fp32; a weight's bf16 copy
+    lives for one pass (generate: its loop). After deep copies: a copy runs the original's forward. Each
+    weight first moves to a random fp32 value that rounds to the same bf16 one (seeded: the same in every
     copy), so that a step smaller than that cell changes its bf16 value with probability step / cell."""
     for model in [m for m in models if bf16 and m is not None]:
         model.forward = torch.autocast(device.type, dtype=torch.bfloat16)(model.forward)
@@ -261,28 +261,28 @@ def autocast_bf16(bf16: bool, device: torch.device, *models) -> None:
             w.data.copy_(bits.clamp(min=0).view(torch.float32).copysign(w.detach()))
 
 
-@torch.inference_mode()  # no autograd bookkeeping: faster, less memory
+@torch.no_grad()  # not inference_mode, which turns autocast's weight cache off (53)
 def generate(policy, queries: torch.Tensor, response_length: int, temperature: float, pad_token_id: int,
-             greedy: bool = False):
-    """Sample response_length tokens after each left-padded query, with the KV cache (greedy: the most likely
-    token instead, for evaluation). Returns the responses and the log-probs of their tokens, both (batch,
-    response_length)."""
+             greedy: bool = False, bf16: bool = False):
+    """Sample response_length tokens after each left-padded query with the KV cache (greedy: the likeliest
+    token, for evaluation). Returns the responses and their log-probs, both (batch, response_length)."""
     inputs = model_inputs(queries, pad_token_id)  # details 24, 25: left padding, positions from the mask
     attention_mask, position_ids = inputs["attention_mask"], inputs["position_ids"]
     input_ids, past_key_values = inputs["input_ids"], None
     responses, logprobs = [], []
-    for _ in range(response_length):
-        output = policy(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                        past_key_values=past_key_values, use_cache=True, logits_to_keep=1)
-        past_key_values = output.past_key_values
-        logits = scale_logits(output.logits[:, -1], temperature, pad_token_id)  # detail 26
-        # detail 27: pure sampling from the full distribution (no top-k, no top-p)
-        token = logits.argmax(-1, keepdim=True) if greedy else torch.multinomial(logits.softmax(-1), 1)
-        responses.append(token)
-        logprobs.append(gather_logprobs(logits, token.squeeze(-1)))
-        input_ids = token  # the next step feeds only the new token; the cache holds the rest
-        attention_mask = torch.cat([attention_mask, torch.ones_like(token, dtype=torch.bool)], dim=1)
-        position_ids = position_ids[:, -1:] + 1
+    with torch.autocast(queries.device.type, dtype=torch.bfloat16, enabled=bf16):  # detail 53: cast once
+        for _ in range(response_length):
+            output = policy(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                            past_key_values=past_key_values, use_cache=True, logits_to_keep=1)
+            past_key_values = output.past_key_values
+            logits = scale_logits(output.logits[:, -1], temperature, pad_token_id)  # detail 26
+            # detail 27: pure sampling from the full distribution (no top-k, no top-p)
+            token = logits.argmax(-1, keepdim=True) if greedy else torch.multinomial(logits.softmax(-1), 1)
+            responses.append(token)
+            logprobs.append(gather_logprobs(logits, token.squeeze(-1)))
+            input_ids = token  # the next step feeds only the new token; the cache holds the rest
+            attention_mask = torch.cat([attention_mask, torch.ones_like(token, dtype=torch.bool)], dim=1)
+            position_ids = position_ids[:, -1:] + 1
     return torch.cat(responses, dim=1), torch.stack(logprobs, dim=1)
 
 
@@ -642,7 +642,7 @@ def logprobs_in_chunks(model, query_responses, responses, context_length: int, c
                       for i in range(0, len(query_responses), chunk)])
 
 
-@torch.inference_mode()
+@torch.no_grad()  # not inference_mode: generate's bf16 weight cache (53)
 def evaluate(policy, eval_prompts, tokenizer, stop_token_id: int, reward_fn, args: Args, device,
              greedy=False, reference=None) -> dict:
     """Sample args.eval_episodes responses to the held-out prompts (never trained on) with the training

@@ -48,7 +48,7 @@ def stops_at_lengths_1_to_8(tiny, monkeypatch):
     now (as if the policy had sampled them)."""
     real_generate, (_, _, dot) = grpo.generate, grpo.load_tokenizer(tiny["policy"], ".")
 
-    def generate(policy, queries, response_length, temperature, pad_token_id, greedy=False):
+    def generate(policy, queries, response_length, temperature, pad_token_id, greedy=False, bf16=False):
         responses, _ = real_generate(policy, queries, response_length, temperature, pad_token_id, greedy)
         responses = responses.clone()
         responses[torch.arange(len(responses)), torch.arange(len(responses)) % responses.shape[1]] = dot
@@ -717,7 +717,7 @@ args = tyro.cli(grpo.Args)
 draws = []  # this process's next draw from the global stream at each sampling: processes must draw apart
 
 @torch.inference_mode()
-def generate(policy, queries, response_length, temperature, pad_token_id, greedy=False):
+def generate(policy, queries, response_length, temperature, pad_token_id, greedy=False, bf16=False):
     draws.append(torch.rand(1).item())
     rows = []
     for j, query in enumerate(queries.tolist()):

@@ -1123,7 +1123,7 @@ script = rlhf
 draws = []  # this process's next draw from the global stream at each sampling: processes must draw apart
 
 @torch.inference_mode()
-def generate(policy, queries, response_length, temperature, pad_token_id, greedy=False):
+def generate(policy, queries, response_length, temperature, pad_token_id, greedy=False, bf16=False):
     draws.append(torch.rand(1).item())
     rows = []
     for query in queries.tolist():
@@ -1393,13 +1393,14 @@ def test_sample_and_score_truncates_decodes_and_scores_in_chunks(tiny, monkeypat
 
     queries = rlhf.tokenize_queries(tokenizer, prompts, 32, torch.device("cpu"))
     args = rlhf.Args(response_length=length, min_response_length=0, local_rollout_forward_batch_size=2,
-                     temperature=0.6)
+                     temperature=0.6, bf16=True)
     policy = object()
     out, out_logprobs, mask, contain_stop, raw_scores = rlhf.sample_and_score(
         policy, queries, tokenizer, stop_token_id, reward_fn, args)
     (arguments,) = generated
     assert arguments.pop("policy") is policy and torch.equal(arguments.pop("queries"), queries)
-    assert arguments == dict(response_length=length, temperature=0.6, pad_token_id=pad_token_id, greedy=False)
+    assert arguments == dict(response_length=length, temperature=0.6, pad_token_id=pad_token_id, greedy=False,
+                             bf16=True)  # detail 53: the sampling loop in one autocast region
     texts = sum([c[0] for c in calls], [])
     response_texts = sum([c[1] for c in calls], [])
     assert [len(c[0]) for c in calls] == [2, 1]

@@ -512,7 +512,7 @@ def test_sample_comparisons_edge_cases_placed_by_construction(tiny, monkeypatch)
     rows = torch.tensor([r + [pad] * (width - len(r)) for r in rows])  # responses a of the 4 pairs, then b
     queries_seen = []
 
-    def generate(policy, queries, response_length, temperature, pad_token_id):
+    def generate(policy, queries, response_length, temperature, pad_token_id, bf16=False):
         queries_seen.append(queries.tolist())
         return rows.clone()
 
