@@ -1,5 +1,6 @@
 import ast
 import dataclasses
+import importlib.util
 import inspect
 import os
 import re
@@ -501,3 +502,19 @@ def test_reading_path_width_docstring_and_help_texts():
     cited = {number for pair in cited for number in pair if number}
     assert cited == {*map(str, range(1, 13)), *(f"A{i}" for i in range(1, 10)), "G1", "G2", "G3"}
     assert "detail" not in "\n".join(lines[marker[0] + 1 :]).lower()
+
+
+def test_env_speed_benchmark_times_the_file_s_envs_and_ale_s_vector_env():
+    spec = importlib.util.spec_from_file_location("atari_env_speed", os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "atari_env_speed.py"))
+    speed = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(speed)
+    assert [speed.ale_game_name(e) for e in ("ALE/SpaceInvaders-v5", "ALE/Pong-v5", "ALE/Breakout-v5")] == [
+        "space_invaders", "pong", "breakout"]
+    lines = speed.main(["--num-envs", "2", "--steps", "3", "--threads", "1", "2"])
+    assert [line.split(":")[0] for line in lines] == ["ppo_atari.make_vector_env (SyncVectorEnv, Python wrappers)",
+                                                      "ale_py AtariVectorEnv, 1 thread",
+                                                      "ale_py AtariVectorEnv, 2 threads"]
+    assert all(float(line.split(": ")[1].split()[0]) > 0 for line in lines)
+    with pytest.raises(SystemExit):
+        speed.main(["--steps", "0"])
