@@ -128,6 +128,15 @@ def equal_cpu_completions(methods: dict, completions: int = 512, batch_size: int
     return out
 
 
+def equal_cpu_common(common: str, completions: int, batch_size: int = 64) -> str:
+    """The common flags of a run at equal training time: `completions` in place of 512, and the held-out
+    evaluation as often as at 512 (four times over the run, the last at its end); the evaluations are not
+    training time, so this changes only the wall time."""
+    iterations = completions // batch_size
+    return common.replace("--total-episodes 512", f"--total-episodes {completions}").replace(
+        "--eval-every 2", f"--eval-every {max(1, iterations // 4)}")
+
+
 def tuned_methods(tuning: list[dict]) -> dict[str, str]:
     """{tuned_<method>: the flags the rule chose} from the protocol's tuning rows (tuning_results), once each
     method's whole grid is recorded (else a clear error)."""
@@ -491,7 +500,7 @@ def main() -> None:
         if "tuned_ppo" not in done:
             raise SystemExit("error: --equal-cpu: no run of tuned_ppo in --runs; run `run --tuned` first")
         for method, completions in equal_cpu_completions(done).items():
-            common = args.common.replace("--total-episodes 512", f"--total-episodes {completions}")
+            common = equal_cpu_common(args.common, completions)
             run_all([method], args.seeds, runs, args.jobs, common, {method: chosen[method[: -len("_equal_cpu")]]})
     elif args.subcommand == "run":
         runs.mkdir(parents=True, exist_ok=True)

@@ -882,6 +882,11 @@ def test_ppo_vs_grpo_at_equal_training_time_and_the_protocol_s_tuning_table_by_h
         add("tuned_rloo", seed, 300.0, final - 0.3, 8)  # 800 s buy 1,365 completions: 21 whole batches, 1,344
     methods = pvg.summarize(records, logs.__getitem__)
     assert pvg.equal_cpu_completions(methods) == {"tuned_grpo_equal_cpu": 2048, "tuned_rloo_equal_cpu": 1344}
+    # 2,048 completions are 32 iterations: evaluated every 8, as 512's 8 iterations are every 2
+    assert pvg.equal_cpu_common(pvg.COMMON, 2048).split() == pvg.COMMON.replace(
+        "--total-episodes 512", "--total-episodes 2048").replace("--eval-every 2", "--eval-every 8").split()
+    assert "--total-episodes 1344 " in pvg.equal_cpu_common(pvg.COMMON, 1344) and "--eval-every 5 " in (
+        pvg.equal_cpu_common(pvg.COMMON, 1344))
     for seed, final in ((7, 0.7), (8, 0.8), (9, 0.9)):
         add("tuned_grpo_equal_cpu", seed, 800.0, final, 32)
     tuning_logs = {}
