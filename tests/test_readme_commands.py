@@ -37,6 +37,7 @@ TOOLS = {  # tools whose commands are not run here, and why (their own tests are
     "benchmarks/rlhf_cost.py": "times GPT-2-small iterations: minutes",
     "benchmarks/bf16_profile.py": "profiles passes of a 135M-parameter model: minutes",
     "benchmarks/trl_side_by_side.py": "needs a virtual environment with TRL",
+    "benchmarks/trl_grpo_dpo.py": "needs a virtual environment with TRL",
     "experiments/rlhf_overoptimization.py report": "reads the json files of earlier runs",
     "experiments/ppo_vs_grpo.py report": "reads the records of earlier runs",
     "experiments/rlhf_frontier.py report": "reads the records of earlier runs",

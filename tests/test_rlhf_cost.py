@@ -140,3 +140,50 @@ def test_the_profiled_sampling_step_sees_the_same_cache_each_time_and_training_r
     assert first.shape == (3, 1, 50) and torch.equal(first, second)  # a cache that grew would change the logits
     runs["train"]()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+
+
+def load_trl_grpo_dpo():
+    spec = importlib.util.spec_from_file_location("trl_grpo_dpo", ROOT / "benchmarks" / "trl_grpo_dpo.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_trl_side_by_side_gives_our_scripts_flags_they_accept_at_the_sizes_it_states(tmp_path, tiny):
+    import tyro
+
+    import dpo_gpt2
+    import grpo_gpt2
+
+    side = load_trl_grpo_dpo()
+    prefs = tmp_path / "p.jsonl"
+    prefs.write_text("".join(f'{{"prompt": "p{i % 20}", "chosen": " a", "rejected": " b"}}\n' for i in range(300)))
+    args = tyro.cli(grpo_gpt2.Args, args=side.ours_flags("grpo", tiny["policy"], str(prefs), str(tmp_path), "bf16"))
+    grpo_gpt2.check_args(args)  # fails on flags the script refuses
+    assert (args.batch_size, args.num_generations, args.micro_batch_size, args.num_minibatches, args.beta,
+            args.bf16, args.reward_model) == (64, 8, 16, 1, 0.0, True, "length")
+    assert args.response_length == 24 and args.min_response_length == 23  # a stop token cannot end one earlier
+    args = tyro.cli(dpo_gpt2.Args, args=side.ours_flags("dpo", tiny["policy"], str(prefs), str(tmp_path), "fp32"))
+    dpo_gpt2.check_args(args)
+    assert (args.batch_size, args.micro_batch_size, args.max_length, args.bf16) == (32, 8, 128, False)
+    assert side.comparisons_needed() * 0.9 >= 32 * (side.STEPS + 1)  # the training share fills every step
+
+
+def test_trl_side_by_side_report_by_hand():
+    side = load_trl_grpo_dpo()
+
+    def run(s, precision, seconds, method="grpo", **extra):  # the first gap is the warm-up
+        return {"side": s, "method": method, "precision": precision, "seconds": [9.0, *seconds], "peak_gb": 1.0,
+                "torch": "t", "transformers": "x", **extra}
+
+    runs = [run("ours", "fp32", [2.0, 4.0]), run("ours", "bf16", [1.0, 1.0]),  # medians 3.0 and 1.0
+            run("trl", "fp32", [6.0, 6.0], trl="1.16.0", gradient_checkpointing=True),
+            run("trl", "bf16", [4.0, 4.0], trl="1.16.0", gradient_checkpointing=True),
+            run("ours", "fp32", [5.0, 5.0])]  # a second round: the median of 3.0 and 5.0 is 4.0
+    text = side.report(runs, "python x", "a model")
+    assert "| grpo_gpt2.py | fp32 | 4.00 | 3.00, 5.00 | 1.00 |" in text
+    assert "| TRL 1.16.0 GRPOTrainer | bf16 (TRL's default), gradient checkpointing | 4.00 | 4.00 | 1.00 |" in text
+    assert "- ours in bf16 against TRL at its defaults: 4.00x as fast" in text
+    assert "- ours against TRL, both fp32: 1.50x as fast" in text
+    assert "- ours, bf16 against fp32: 4.00x as fast" in text and "- TRL, bf16 against fp32: 1.50x as fast" in text
+    assert "## DPO" not in text
