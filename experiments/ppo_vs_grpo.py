@@ -344,8 +344,9 @@ def write_report(methods: dict, out: Path, tuning: list[dict] = ()) -> str:
     fig.tight_layout()
     fig.savefig(f"{out}.png", dpi=110)
 
-    def ppo_of(key: str) -> list[dict]:  # the PPO runs of the same sitting as key's
-        return methods.get("earlier:ppo" if key.startswith("earlier:") else "ppo", [])
+    def ppo_of(key: str) -> list[dict]:  # the PPO runs key's compare with: its sitting's, tuned PPO for tuned
+        return methods.get("earlier:ppo" if key.startswith("earlier:") else
+                           "tuned_ppo" if key.startswith("tuned_") else "ppo", [])
 
     def ppo_mean(key: str, field: str) -> float:
         values = [r.get(field) for r in ppo_of(key)]
@@ -394,7 +395,7 @@ def write_report(methods: dict, out: Path, tuning: list[dict] = ()) -> str:
               "|---|" + "---|" * (len(completions) - 1)]
     for method, seeds in methods.items():
         ppo = ppo_of(method)
-        if method.split(":")[-1] == "ppo" or not ppo:
+        if method.split(":")[-1] in ("ppo", "tuned_ppo") or not ppo:
             continue
         cells = []
         for i in range(1, len(completions)):
