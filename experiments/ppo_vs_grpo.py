@@ -164,9 +164,16 @@ def exp_name(method: str) -> str:
 
 
 def recorded(records_file: Path) -> list[dict]:
+    """The records of a runs folder. A run folder recorded on another machine (or moved) is read from beside
+    the records file, where a committed copy of the runs keeps it."""
     if not records_file.exists():
         return []
-    return [json.loads(line) for line in records_file.read_text().splitlines() if line.strip()]
+    records = [json.loads(line) for line in records_file.read_text().splitlines() if line.strip()]
+    for record in records:
+        beside = records_file.parent / Path(record["run_dir"]).name
+        if not Path(record["run_dir"]).exists() and beside.exists():
+            record["run_dir"] = str(beside)
+    return records
 
 
 def run_all(methods: list[str], seeds: list[int], runs: Path, jobs: int, common: str,

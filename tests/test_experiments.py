@@ -910,3 +910,14 @@ def test_ppo_vs_grpo_at_equal_training_time_and_the_protocol_s_tuning_table_by_h
         assert f"| {name} | 10.0% | " in text and text.split(f"| {name} |")[1].split("\n")[0].endswith("| yes |")
     assert text.split(f"| ppo {ppo[6]} |")[1].split("\n")[0].endswith("|  |")
     assert "Tuning CPU minutes, each method's runs together: ppo 16.5, grpo 17.5, rloo 18.6." in text
+
+
+def test_ppo_vs_grpo_reads_a_committed_copy_of_runs_from_beside_its_records(tmp_path):
+    pvg = load("ppo_vs_grpo")
+    (tmp_path / "ppo__7__1").mkdir()
+    (tmp_path / "records.jsonl").write_text(
+        json.dumps({"method": "ppo", "run_dir": "/elsewhere/runs/ppo__7__1"}) + "\n"
+        + json.dumps({"method": "grpo", "run_dir": str(tmp_path / "ppo__7__1")}) + "\n"
+        + json.dumps({"method": "rloo", "run_dir": "/elsewhere/runs/gone__7__1"}) + "\n")
+    assert [r["run_dir"] for r in pvg.recorded(tmp_path / "records.jsonl")] == [
+        str(tmp_path / "ppo__7__1"), str(tmp_path / "ppo__7__1"), "/elsewhere/runs/gone__7__1"]
