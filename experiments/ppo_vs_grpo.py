@@ -329,6 +329,7 @@ def tuning_rows(tuning: list[dict], chosen: set, steps: bool) -> list[str]:
 def write_report(methods: dict, out: Path, tuning: list[dict] = ()) -> str:
     """The page: accuracy per seed and its mean, cost, differences to the same sitting's PPO, the tuning runs
     and every command. Keys `earlier:<method>` are an earlier sitting's runs (not in the figure)."""
+    every_method = methods  # all of them go to the json
     equal = {k: v for k, v in methods.items() if k.endswith("_equal_cpu")}  # their own table, below
     methods = {k: v for k, v in methods.items() if k not in equal}
     runs = [run for key, seeds in methods.items() if not key.startswith("earlier:") for run in seeds]
@@ -411,18 +412,22 @@ def write_report(methods: dict, out: Path, tuning: list[dict] = ()) -> str:
         lines.append(f"| {label(method)} | " + " | ".join(cells) + " |")
     if equal and "tuned_ppo" in methods:
         ppo = methods["tuned_ppo"]
+
+        def end_row(method: str, seeds: list[dict], difference: str) -> str:
+            ends = [r["accuracy"][-1] for r in seeds]
+            return (f"| {label(method)} | {seeds[0]['completions'][-1]} | "
+                    f"{np.mean([r['train_s'] for r in seeds]) / 60:.1f} | {mean_cell(ends)} | "
+                    f"{', '.join(f'{100 * a:.1f}' for a in ends)}% |" + (f" {difference} |" if difference else " |"))
+
         lines += ["", "## At tuned PPO's training time (its 512 completions; the accuracy at each run's end, minus "
-                  "tuned PPO's at 512, 95% Welch interval)", "",
-                  "| method | completions | training minutes | accuracy at the end | minus tuned PPO |",
-                  "|---|---|---|---|---|",
-                  f"| {label('tuned_ppo')} | {ppo[0]['completions'][-1]} | "
-                  f"{np.mean([r['train_s'] for r in ppo]) / 60:.1f} | "
-                  f"{mean_cell([r['accuracy'][-1] for r in ppo])} | |"]
+                  "tuned PPO's at 512, 95% Welch interval; none where a method has fewer than 3 seeds)", "",
+                  "| method | completions | training minutes | accuracy at the end | each seed's, seeds "
+                  f"{', '.join(str(r['seed']) for r in ppo)} | minus tuned PPO |", "|---|---|---|---|---|---|",
+                  end_row("tuned_ppo", ppo, "")]
         for method, seeds in equal.items():
             d, h = difference_interval([r["accuracy"][-1] for r in seeds], [r["accuracy"][-1] for r in ppo])
-            lines.append(f"| {label(method)} | {seeds[0]['completions'][-1]} | "
-                         f"{np.mean([r['train_s'] for r in seeds]) / 60:.1f} | "
-                         f"{mean_cell([r['accuracy'][-1] for r in seeds])} | {d:+.1%} ± {h:.1%} |")
+            lines.append(end_row(method, seeds, f"{d:+.1%} ± {h:.1%}" if min(len(seeds), len(ppo)) >= 3
+                                 else f"{d:+.1%}"))
     if tuning and all(row["name"] in PROTOCOL_TUNING for row in tuning):  # the protocol's grids
         chosen = set()
         for method, grid in GRIDS.items():
@@ -465,8 +470,8 @@ def write_report(methods: dict, out: Path, tuning: list[dict] = ()) -> str:
         text = text.replace(lines[0], "## The runs: tables, tuning and commands", 1)  # the summary has the title
         text = md.read_text().split("<!-- generated -->", 1)[0] + "<!-- generated -->\n" + text
     md.write_text(text)
-    Path(f"{out}.json").write_text(json.dumps({k: v for k, v in methods.items() if not k.startswith("earlier:")},
-                                              indent=1))
+    Path(f"{out}.json").write_text(json.dumps({k: v for k, v in every_method.items()
+                                               if not k.startswith("earlier:")}, indent=1))
     return text
 
 

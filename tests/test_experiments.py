@@ -897,12 +897,13 @@ def test_ppo_vs_grpo_at_equal_training_time_and_the_protocol_s_tuning_table_by_h
                        "final": accuracy, "kl": 1.0, "train_s": 60.0, "cpu_s": 120.0 + i})
     text = pvg.write_report(pvg.summarize(records, logs.__getitem__), tmp_path / "page", tuning)
     # tuned PPO 0.7 ± t(2) 0.1 / sqrt(3); GRPO at PPO's time 0.8: +10.0 points, Welch 2.776 * sqrt(0.02 / 3)
-    assert "| PPO, tuned | 512 | 13.3 | 70.0% ± 24.8% | |" in text
+    assert "| PPO, tuned | 512 | 13.3 | 70.0% ± 24.8% | 60.0, 70.0, 80.0% | |" in text
     # at 512 completions each tuned method against tuned PPO (not the untuned PPO rows): finals 0.4-0.6 against
     # 0.6-0.8, -20.0 ± 2.776 * sqrt(0.02 / 3); training time 200 of PPO's 800 s
     assert "| GRPO, tuned | -20.0% ± 22.7% |" in text and "| RLOO, tuned | -30.0% ± 22.7% |" in text
     assert "| GRPO, tuned | 3.3 | 25% |" in text and "| PPO, tuned | 13.3 | 100% |" in text
-    assert "| GRPO, tuned, PPO's training time | 2048 | 13.3 | 80.0% ± 24.8% | +10.0% ± 22.7% |" in text
+    assert "| GRPO, tuned, PPO's training time | 2048 | 13.3 | 80.0% ± 24.8% | 70.0, 80.0, 90.0% | +10.0% ± 22.7% |" in text
+    assert [s["seed"] for s in json.loads((tmp_path / "page.json").read_text())["tuned_grpo_equal_cpu"]] == [7, 8, 9]
     # the protocol's table: PPO's 8th setting has the best 0.64 (the 7th's 0.62 is 2 points below); GRPO's and RLOO's tie at 0.40, the cheapest
     # (the first of each grid, 120 + i CPU seconds) wins
     ppo, grpo, rloo = (list(pvg.GRIDS[m]) for m in ("ppo", "grpo", "rloo"))
