@@ -4,6 +4,7 @@ import importlib.util
 import inspect
 import os
 import re
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -505,10 +506,7 @@ def test_reading_path_width_docstring_and_help_texts():
 
 
 def test_env_speed_benchmark_times_the_file_s_envs_and_ale_s_vector_env():
-    spec = importlib.util.spec_from_file_location("atari_env_speed", os.path.join(
-        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "atari_env_speed.py"))
-    speed = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(speed)
+    speed = load_benchmark("atari_env_speed")
     assert [speed.ale_game_name(e) for e in ("ALE/SpaceInvaders-v5", "ALE/Pong-v5", "ALE/Breakout-v5")] == [
         "space_invaders", "pong", "breakout"]
     lines = speed.main(["--num-envs", "2", "--steps", "3", "--threads", "1", "2"])
@@ -518,3 +516,62 @@ def test_env_speed_benchmark_times_the_file_s_envs_and_ale_s_vector_env():
     assert all(float(line.split(": ")[1].split()[0]) > 0 for line in lines)
     with pytest.raises(SystemExit):
         speed.main(["--steps", "0"])
+
+
+def load_benchmark(name: str):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_cleanrl_speed_benchmark_patches_only_its_lines_and_reads_each_run(tmp_path):
+    speed = load_benchmark("cleanrl_atari_speed")
+    # a stand-in checkout: the lines the patches name, around lines they must leave alone
+    (tmp_path / "cleanrl").mkdir()
+    (tmp_path / "cleanrl_utils").mkdir()
+    script = ("import os\nimport gymnasium as gym\nimport numpy as np\n"
+              "env = gym.wrappers.GrayScaleObservation(env)\nenv = gym.wrappers.FrameStack(env, 4)\n# end\n")
+    (tmp_path / "cleanrl" / "ppo_atari.py").write_text(script)
+    (tmp_path / "cleanrl_utils" / "atari_wrappers.py").write_text("class NoopResetEnv: pass\n")
+    target = speed.copy_cleanrl(tmp_path, tmp_path / "copy")
+    assert target.read_text() == (
+        "import os\nimport gymnasium as gym\nimport ale_py\ngym.register_envs(ale_py)\nimport numpy as np\n"
+        "env = gym.wrappers.GrayscaleObservation(env)\nenv = gym.wrappers.FrameStackObservation(env, 4)\n# end\n")
+    assert (tmp_path / "copy" / "cleanrl_utils" / "atari_wrappers.py").read_text() == "class NoopResetEnv: pass\n"
+    assert (tmp_path / "copy" / "cleanrl_utils" / "__init__.py").exists()
+    # a version whose lines moved on is refused, not half patched
+    (tmp_path / "cleanrl" / "ppo_atari.py").write_text(script.replace("FrameStack(env, 4)", "FrameStack(env, 8)"))
+    with pytest.raises(SystemExit, match="0 copies of 'gym.wrappers.FrameStack"):
+        speed.copy_cleanrl(tmp_path, tmp_path / "again")
+    with pytest.raises(SystemExit, match="no cleanrl/ppo_atari.py"):
+        speed.copy_cleanrl(tmp_path / "nowhere", tmp_path / "third")
+    assert [speed.cleanrl_env_id(e) for e in ("ALE/Pong-v5", "ALE/SpaceInvaders-v5")] == [
+        "PongNoFrameskip-v4", "SpaceInvadersNoFrameskip-v4"]
+    with pytest.raises(SystemExit, match="--env-id PongNoFrameskip-v4"):
+        speed.cleanrl_env_id("PongNoFrameskip-v4")
+    # both sides run one thread, on the CPU, for the same budget, on the same game
+    ours = speed.commands("ours", Path("p.py"), "ALE/Pong-v5", 2048, Path("r"))
+    theirs = speed.commands("cleanrl", Path("c.py"), "ALE/Pong-v5", 2048, Path("r"))
+    assert ours[ours.index("--num-threads") + 1] == "1" and "--no-cuda" in ours and "--no-cuda" in theirs
+    assert ours[ours.index("--total-timesteps") + 1] == theirs[theirs.index("--total-timesteps") + 1] == "2048"
+    assert theirs[theirs.index("--env-id") + 1] == "PongNoFrameskip-v4"
+    # a run's last SPS and its count of episodic returns, read back from a real TensorBoard file
+    from torch.utils.tensorboard import SummaryWriter
+    writer = SummaryWriter(str(tmp_path / "runs" / "one"))
+    for step, sps in ((1024, 300), (2048, 250)):
+        writer.add_scalar("charts/SPS", sps, step)
+    writer.add_scalar("charts/episodic_return", -21, 1500)
+    writer.close()
+    assert speed.read_run(tmp_path / "runs") == (250.0, 1)
+    # the report: each run's SPS in order, medians, and the ratio of the medians
+    rows = [dict(side="ours", sps=200, cpu_per_1k=5.0, returns=3), dict(side="cleanrl", sps=100, cpu_per_1k=9.0,
+            returns=0), dict(side="ours", sps=240, cpu_per_1k=4.0, returns=3), dict(side="cleanrl", sps=120,
+            cpu_per_1k=8.0, returns=0)]
+    lines = speed.report(rows, "ALE/Pong-v5", 2048)
+    assert "| ppo_atari.py | 200, 240 | 220 | 4.50 | 3, 3 |" in lines
+    assert "| CleanRL's ppo_atari.py, patched | 100, 120 | 110 | 8.50 | 0, 0 |" in lines
+    assert lines[-1].endswith(": 2.00x")
+    with pytest.raises(SystemExit):
+        speed.main(["--cleanrl", str(tmp_path), "--steps", "1000"])

@@ -1,0 +1,162 @@
+"""`ppo_atari.py` against CleanRL's `ppo_atari.py`: agent steps per second of PPO on one CPU thread, the same game,
+settings and budget, run alternately in fresh processes.
+
+    git clone https://github.com/vwxyzjn/cleanrl /tmp/cleanrl   # tested at fe8d8a03
+    pip install opencv-python-headless        # CleanRL's ResizeObservation needs cv2; ppo_atari.py does not
+    python benchmarks/cleanrl_atari_speed.py --cleanrl /tmp/cleanrl --env-id ALE/Pong-v5 --steps 8192 --rounds 2
+
+CleanRL's file is written for gymnasium 0.29. It is copied, with its `cleanrl_utils/atari_wrappers.py`, into a
+temporary folder and changed in the fewest lines that make it run on this project's gymnasium 1.x and ale-py
+(PATCHES: ALE's games registered; two wrappers under their 1.x names); nothing else is touched. Its game is the
+same game without frame skip or sticky actions (`PongNoFrameskip-v4` for `ALE/Pong-v5`), as ppo_atari.py makes
+its own. Both run at their defaults (8 envs x 128 steps, 4 epochs of 4 minibatches) for --steps agent steps
+with one torch thread (OMP_NUM_THREADS=1; ppo_atari.py also --num-threads 1), on the CPU.
+
+Measures, per run: charts/SPS at its last iteration (both files log it as steps since training started over the
+wall seconds since then), and the process's CPU seconds per 1,000 agent steps (start-up included).
+
+Under gymnasium 1.x CleanRL's file also differs in what it does, not only in speed: the vector environments
+reset on the step after an episode ends (1.x's default), so it takes that step's ignored action and zero reward
+as a transition, and it reads `final_info`, which 1.x does not give, so it logs no episodic return. The report
+says whether its runs logged any.
+"""
+
+import argparse
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# (the line as CleanRL writes it, the line here): each must occur exactly once in its file
+PATCHES = {
+    "cleanrl/ppo_atari.py": [
+        ("import gymnasium as gym\n", "import gymnasium as gym\nimport ale_py\ngym.register_envs(ale_py)\n"),
+        ("gym.wrappers.GrayScaleObservation(env)", "gym.wrappers.GrayscaleObservation(env)"),
+        ("gym.wrappers.FrameStack(env, 4)", "gym.wrappers.FrameStackObservation(env, 4)"),
+    ],
+    "cleanrl_utils/atari_wrappers.py": [],
+}
+
+
+def patched(text: str, patches: list[tuple[str, str]], name: str) -> str:
+    """text with each (old, new) replaced; a line not found exactly once stops with the file's name."""
+    for old, new in patches:
+        if text.count(old) != 1:
+            raise SystemExit(f"error: {name} has {text.count(old)} copies of {old.strip()!r}, not 1: this "
+                             f"CleanRL version differs from the one this script patches (fe8d8a03)")
+        text = text.replace(old, new)
+    return text
+
+
+def copy_cleanrl(cleanrl: Path, folder: Path) -> Path:
+    """CleanRL's ppo_atari.py and its wrappers, patched, in folder; returns the script's path."""
+    for name, patches in PATCHES.items():
+        source = cleanrl / name
+        if not source.is_file():
+            raise SystemExit(f"error: --cleanrl {cleanrl} has no {name}: give the root of a CleanRL checkout")
+        target = folder / Path(name).name if name.startswith("cleanrl/") else folder / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(patched(source.read_text(), patches, name))
+    (folder / "cleanrl_utils" / "__init__.py").touch()
+    return folder / "ppo_atari.py"
+
+
+def cleanrl_env_id(env_id: str) -> str:
+    """ALE/Pong-v5 -> PongNoFrameskip-v4, the id CleanRL's file takes for the same game."""
+    if not env_id.startswith("ALE/") or not env_id.endswith("-v5"):
+        raise SystemExit(f"error: --env-id {env_id} is not of the form ALE/<Game>-v5")
+    return env_id[len("ALE/"):-len("-v5")] + "NoFrameskip-v4"
+
+
+def commands(side: str, script: Path, env_id: str, steps: int, runs: Path) -> list[str]:
+    """The command line of one run of either side."""
+    if side == "ours":
+        return [sys.executable, str(script), "--env-id", env_id, "--total-timesteps", str(steps), "--no-cuda",
+                "--num-threads", "1", "--eval-episodes", "0", "--runs-dir", str(runs), "--seed", "1"]
+    return [sys.executable, str(script), "--env-id", cleanrl_env_id(env_id), "--total-timesteps", str(steps),
+            "--no-cuda", "--seed", "1"]
+
+
+def read_run(runs: Path) -> tuple[float, int]:
+    """(the last charts/SPS, how many charts/episodic_return points) of the one run under runs."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    folders = [p for p in runs.iterdir() if p.is_dir()]
+    if len(folders) != 1:
+        raise RuntimeError(f"{runs} holds {len(folders)} run folders, not 1")
+    events = EventAccumulator(str(folders[0]), size_guidance={"scalars": 0})
+    events.Reload()
+    tags = events.Tags()["scalars"]
+    returns = len(events.Scalars("charts/episodic_return")) if "charts/episodic_return" in tags else 0
+    return float(events.Scalars("charts/SPS")[-1].value), returns
+
+
+def time_run(side: str, script: Path, env_id: str, steps: int, folder: Path) -> dict:
+    """One run in a fresh process, its runs in folder: SPS, CPU seconds per 1,000 steps, episodic returns."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    folder.mkdir(parents=True)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    wall = time.perf_counter()
+    done = subprocess.run(commands(side, script, env_id, steps, folder / "runs"), cwd=folder, env=env,
+                          capture_output=True, text=True)
+    wall = time.perf_counter() - wall
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode != 0:
+        raise SystemExit(f"error: the {side} run failed:\n{done.stderr[-2000:]}")
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    sps, returns = read_run(folder / "runs")
+    return dict(side=side, sps=sps, cpu_per_1k=1000 * cpu / steps, wall=wall, returns=returns)
+
+
+def report(rows: list[dict], env_id: str, steps: int) -> list[str]:
+    """The markdown table: each side's runs, their median SPS and CPU seconds per 1,000 steps."""
+    lines = [f"{env_id}, {steps} agent steps a run, one torch thread, alternating runs:", "",
+             "| file | SPS, each run | median SPS | CPU s per 1,000 steps, median | episodic returns logged |",
+             "|---|---|---|---|---|"]
+    medians = {}
+    for side, name in (("ours", "ppo_atari.py"), ("cleanrl", "CleanRL's ppo_atari.py, patched")):
+        mine = [r for r in rows if r["side"] == side]
+        medians[side] = statistics.median(r["sps"] for r in mine)
+        lines.append("| {} | {} | {:.0f} | {:.2f} | {} |".format(
+            name, ", ".join(f"{r['sps']:.0f}" for r in mine), medians[side],
+            statistics.median(r["cpu_per_1k"] for r in mine), ", ".join(str(r["returns"]) for r in mine)))
+    lines += ["", f"ppo_atari.py's median SPS over CleanRL's: {medians['ours'] / medians['cleanrl']:.2f}x"]
+    return lines
+
+
+def main(argv=None) -> list[str]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cleanrl", required=True, help="the root of a CleanRL checkout (git clone)")
+    parser.add_argument("--env-id", default="ALE/Pong-v5", help="an ALE game id, as ppo_atari.py takes it")
+    parser.add_argument("--steps", type=int, default=8192, help="agent steps a run (whole iterations of 1,024)")
+    parser.add_argument("--rounds", type=int, default=2, help="runs of each file, alternating")
+    args = parser.parse_args(argv)
+    if args.steps < 1024 or args.steps % 1024 or args.rounds < 1:
+        parser.error("--steps must be a positive multiple of 1024 (8 envs x 128 steps) and --rounds at least 1")
+    cleanrl_env_id(args.env_id)
+    check = subprocess.run([sys.executable, "-c", "import cv2"], capture_output=True)
+    if check.returncode != 0:
+        raise SystemExit("error: CleanRL's file needs cv2 (its ResizeObservation): pip install "
+                         "opencv-python-headless, then run this again")
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        scripts = {"ours": ROOT / "ppo_atari.py", "cleanrl": copy_cleanrl(Path(args.cleanrl), tmp / "cleanrl")}
+        rows = []
+        for i in range(args.rounds):
+            for side in ("ours", "cleanrl"):
+                rows.append(time_run(side, scripts[side], args.env_id, args.steps, tmp / f"{side}_{i}"))
+                print(f"{side} round {i + 1}: {rows[-1]['sps']:.0f} SPS, {rows[-1]['cpu_per_1k']:.2f} CPU s "
+                      f"per 1,000 steps", flush=True)
+        shutil.rmtree(tmp / "cleanrl")
+    lines = report(rows, args.env_id, args.steps)
+    print("\n".join(lines))
+    return lines
+
+
+if __name__ == "__main__":
+    main()
