@@ -575,3 +575,31 @@ def test_cleanrl_speed_benchmark_patches_only_its_lines_and_reads_each_run(tmp_p
     assert lines[-1].endswith(": 2.00x")
     with pytest.raises(SystemExit):
         speed.main(["--cleanrl", str(tmp_path), "--steps", "1000"])
+
+
+def test_atari_scores_counts_each_game_once_across_a_resume(tmp_path):
+    scores = load_benchmark("atari_scores")
+    from torch.utils.tensorboard import SummaryWriter
+    # a run of 1,024-step iterations, stopped after its third; its checkpoint was at 2,048, where it resumed
+    first = SummaryWriter(str(tmp_path))
+    for step in (1024, 2048, 3072):
+        first.add_scalar("charts/SPS", 200, step)
+    for step, score in ((500, -21), (1500, -20), (2500, -19), (3000, -18)):
+        first.add_scalar("charts/episodic_return", score, step)
+    first.close()
+    resumed = SummaryWriter(str(tmp_path))  # a second events file in the same folder, as --resume writes
+    for step in (3072, 4096):
+        resumed.add_scalar("charts/SPS", 200, step)
+    for step, score in ((2600, -17), (3500, -16), (4000, -14)):
+        resumed.add_scalar("charts/episodic_return", score, step)
+    resumed.close()
+    assert len(list(tmp_path.glob("events.out.tfevents.*"))) == 2
+    points = scores.scores(tmp_path)
+    assert points == [(500, -21), (1500, -20), (2600, -17), (3500, -16), (4000, -14)]
+    lines = scores.table(points, 2000)
+    # 0-2k: -21, -20 (mean -20.5, sd 0.707, t(1) 12.71: ± 6.4); 2k-4k: -17, -16 (± 6.4); 4k: one game, no interval
+    assert lines[2:] == ["| 0k-2k | 2 | -20.5 ± 6.4 |", "| 2k-4k | 2 | -16.5 ± 6.4 |", "| 4k-4k | 1 | -14.0 ± 0.0 |"]
+    printed = scores.main([str(tmp_path), "--bin", "2000"])
+    assert printed[-1] == "5 games to step 4000; the first 5: -17.6, the last 5: -17.6"
+    with pytest.raises(SystemExit, match="no TensorBoard events file"):
+        scores.scores(tmp_path / "empty")

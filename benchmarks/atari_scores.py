@@ -1,0 +1,84 @@
+"""The game scores of one `ppo_atari.py` run, read back from its TensorBoard files: a table of the mean score of
+the games that ended in each span of agent steps, with a 95% t-interval over those games.
+
+    python benchmarks/atari_scores.py docs/results/ppo_atari_runs/pong_cpu_seed1 --bin 100000
+
+A run resumed from a checkpoint (`--resume`) writes a second events file into its folder and logs again the
+steps between its checkpoint and the point where it was stopped. Each file's points are kept only below the
+first step of the next file (files in the order they were written), so that each game is counted once, as in
+the run that went through without a stop.
+"""
+
+import argparse
+import math
+import statistics
+from pathlib import Path
+
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23, 15: 2.13,
+       20: 2.09, 30: 2.04, 60: 2.00}
+
+
+def t95(df: int) -> float:
+    """Student's t quantile for a two-sided 95% interval (the nearest table entry at or below df; 1.96 beyond)."""
+    return T95[max(k for k in T95 if k <= df)] if df <= 60 else 1.96
+
+
+def scores(run_dir: Path, tag: str = "charts/episodic_return") -> list[tuple[int, float]]:
+    """(step, score) of every game in the run, each once, in the order of steps."""
+    files = sorted(run_dir.glob("events.out.tfevents.*"), key=lambda p: (int(p.name.split(".")[3]), p.name))
+    if not files:
+        raise SystemExit(f"error: {run_dir} has no TensorBoard events file: give a ppo_atari.py run folder")
+    runs = []  # per file: its games, and the steps at which its iterations ended (charts/SPS)
+    for path in files:
+        events = EventAccumulator(str(path), size_guidance={"scalars": 0})
+        events.Reload()
+        tags = events.Tags()["scalars"]
+        runs.append(([(e.step, e.value) for e in events.Scalars(tag)] if tag in tags else [],
+                     [e.step for e in events.Scalars("charts/SPS")] if "charts/SPS" in tags else []))
+    batch = next((ends[1] - ends[0] for _, ends in runs if len(ends) > 1), None)
+    kept = []
+    for i, (games, _) in enumerate(runs):
+        # a later file resumed at a checkpoint one batch before its first iteration's end: what this file
+        # logged after that step, the later one logs again
+        resumed_at = [ends[0] - batch for _, ends in runs[i + 1 :] if ends and batch]
+        kept += [(s, v) for s, v in games if not resumed_at or s <= min(resumed_at)]
+    return sorted(kept, key=lambda p: p[0])
+
+
+def table(points: list[tuple[int, float]], bin_size: int) -> list[str]:
+    """A markdown table: per span of bin_size steps, the games that ended there and their mean ± 95% t."""
+    lines = ["| steps | games ended there | mean game score ± 95% t over those games |", "|---|---|---|"]
+    last = max(s for s, _ in points)
+    for start in range(0, last + 1, bin_size):
+        values = [v for s, v in points if start <= s < start + bin_size]
+        if not values:
+            continue
+        half = t95(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else 0
+        end = min(start + bin_size, last)
+        lines.append(f"| {start / 1000:g}k-{end / 1000:g}k | {len(values)} | {statistics.mean(values):.1f} ± "
+                     f"{half:.1f} |")
+    return lines
+
+
+def main(argv=None) -> list[str]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("run_dir", help="a ppo_atari.py run folder (its TensorBoard files)")
+    parser.add_argument("--bin", type=int, default=100_000, help="agent steps a row")
+    args = parser.parse_args(argv)
+    if args.bin < 1:
+        parser.error("--bin must be at least 1")
+    points = scores(Path(args.run_dir))
+    if not points:
+        raise SystemExit(f"error: {args.run_dir} logged no game score yet")
+    lines = table(points, args.bin)
+    first, last = [v for _, v in points[:100]], [v for _, v in points[-100:]]
+    lines += ["", f"{len(points)} games to step {points[-1][0]}; the first {len(first)}: "
+              f"{statistics.mean(first):.1f}, the last {len(last)}: {statistics.mean(last):.1f}"]
+    print("\n".join(lines))
+    return lines
+
+
+if __name__ == "__main__":
+    main()
