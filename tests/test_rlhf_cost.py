@@ -167,6 +167,16 @@ def test_trl_side_by_side_gives_our_scripts_flags_they_accept_at_the_sizes_it_st
     dpo_gpt2.check_args(args)
     assert (args.batch_size, args.micro_batch_size, args.max_length, args.bf16) == (32, 8, 128, False)
     assert side.comparisons_needed() * 0.9 >= 32 * (side.STEPS + 1)  # the training share fills every step
+    # a real DPO run on the tiny model: its step ends, and its reference pass over every training comparison
+    prefs.write_text("".join(f'{{"prompt": "p{i % 20}", "chosen": " a", "rejected": " b"}}\n'
+                             for i in range(side.comparisons_needed())))
+    result = side.run_ours("dpo", tiny["policy"], str(prefs), "fp32")
+    training = max(n for n, _ in result["passes"])
+    assert len(result["ends"]) == side.STEPS and training >= 32 * side.STEPS
+    assert training in range(int(0.8 * side.comparisons_needed()), side.comparisons_needed())  # 10% held out
+    assert all(seconds > 0 for _, seconds in result["passes"])
+    assert side.reference_share(result) == pytest.approx(max(result["passes"])[1] * 32 / training)
+    assert dpo_gpt2.logps_in_chunks.__name__ == "logps_in_chunks"  # the script's own again, not the timer
 
 
 def test_trl_side_by_side_report_by_hand():
@@ -187,3 +197,10 @@ def test_trl_side_by_side_report_by_hand():
     assert "- ours against TRL, both fp32: 1.50x as fast" in text
     assert "- ours, bf16 against fp32: 4.00x as fast" in text and "- TRL, bf16 against fp32: 1.50x as fast" in text
     assert "## DPO" not in text
+    # DPO: ours' reference pass (its largest logps_in_chunks call) counted a step's share of 32 comparisons
+    dpo = [run("ours", "bf16", [2.0, 2.0], "dpo", passes=[(10, 1.0), (320, 4.0)]),  # 0.4 s per 32
+           run("trl", "bf16", [4.8, 4.8], "dpo", trl="1.16.0", gradient_checkpointing=True)]
+    text = side.report(dpo, "python x", "a model")
+    assert "- ours in bf16 with its reference pass counted a step's share (0.40 s): 2.40 s a step, 2.00x as fast" \
+        " as TRL in bf16" in text
+    assert "ours in fp32 with" not in text  # no fp32 runs of either side
