@@ -1,9 +1,9 @@
 """`ppo_atari.py` against CleanRL's `ppo_atari.py`: agent steps per second of PPO on one CPU thread, the same game,
 settings and budget, run alternately in fresh processes.
 
-    git clone https://github.com/vwxyzjn/cleanrl /tmp/cleanrl   # tested at fe8d8a03
+    git clone https://github.com/vwxyzjn/cleanrl ../cleanrl   # tested at fe8d8a03
     pip install opencv-python-headless        # CleanRL's ResizeObservation needs cv2; ppo_atari.py does not
-    python benchmarks/cleanrl_atari_speed.py --cleanrl /tmp/cleanrl --env-id ALE/Pong-v5 --steps 8192 --rounds 2
+    python benchmarks/cleanrl_atari_speed.py --cleanrl ../cleanrl --env-id ALE/Pong-v5 --steps 8192 --rounds 2
 
 CleanRL's file is written for gymnasium 0.29. It is copied, with its `cleanrl_utils/atari_wrappers.py`, into a
 temporary folder and changed in the fewest lines that make it run on this project's gymnasium 1.x and ale-py
