@@ -1,7 +1,7 @@
 """The game scores of one `ppo_atari.py` run, read back from its TensorBoard files: a table of the mean score of
 the games that ended in each span of agent steps, with a 95% t-interval over those games.
 
-    python benchmarks/atari_scores.py docs/results/ppo_atari_runs/pong_cpu_seed1 --bin 100000
+    python benchmarks/atari_scores.py docs/results/ppo_atari_runs/pong_cpu_seed1 --bin 100000 --plot pong.png
 
 A run resumed from a checkpoint (`--resume`) writes a second events file into its folder and logs again the
 steps between its checkpoint and the point where it was stopped. Each file's points are kept only below the
@@ -62,10 +62,38 @@ def table(points: list[tuple[int, float]], bin_size: int) -> list[str]:
     return lines
 
 
+def plot(points: list[tuple[int, float]], bin_size: int, title: str, path: str) -> None:
+    """The learning-curve figure: every game's score as a dot, the table's means with their intervals."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.scatter([s for s, _ in points], [v for _, v in points], s=4, alpha=0.3, label="one game")
+    centers, means, halves = [], [], []
+    for start in range(0, max(s for s, _ in points) + 1, bin_size):
+        values = [v for s, v in points if start <= s < start + bin_size]
+        if len(values) > 1:
+            centers.append(start + bin_size / 2)
+            means.append(statistics.mean(values))
+            halves.append(t95(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values)))
+    ax.errorbar(centers, means, yerr=halves, color="black", capsize=3, label=f"mean per {bin_size:,} steps, 95% t")
+    ax.set_xlabel("agent steps (4 frames each)")
+    ax.set_ylabel("game score (all lives, unclipped)")
+    ax.set_title(title)
+    ax.legend(loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def main(argv=None) -> list[str]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", help="a ppo_atari.py run folder (its TensorBoard files)")
     parser.add_argument("--bin", type=int, default=100_000, help="agent steps a row")
+    parser.add_argument("--plot", help="also write the learning-curve figure to this .png")
+    parser.add_argument("--title", default="", help="the figure's title")
     args = parser.parse_args(argv)
     if args.bin < 1:
         parser.error("--bin must be at least 1")
@@ -76,6 +104,8 @@ def main(argv=None) -> list[str]:
     first, last = [v for _, v in points[:100]], [v for _, v in points[-100:]]
     lines += ["", f"{len(points)} games to step {points[-1][0]}; the first {len(first)}: "
               f"{statistics.mean(first):.1f}, the last {len(last)}: {statistics.mean(last):.1f}"]
+    if args.plot:
+        plot(points, args.bin, args.title, args.plot)
     print("\n".join(lines))
     return lines
 

@@ -599,7 +599,8 @@ def test_atari_scores_counts_each_game_once_across_a_resume(tmp_path):
     lines = scores.table(points, 2000)
     # 0-2k: -21, -20 (mean -20.5, sd 0.707, t(1) 12.71: ± 6.4); 2k-4k: -17, -16 (± 6.4); 4k: one game, no interval
     assert lines[2:] == ["| 0k-2k | 2 | -20.5 ± 6.4 |", "| 2k-4k | 2 | -16.5 ± 6.4 |", "| 4k-4k | 1 | -14.0 ± 0.0 |"]
-    printed = scores.main([str(tmp_path), "--bin", "2000"])
+    printed = scores.main([str(tmp_path), "--bin", "2000", "--plot", str(tmp_path / "curve.png")])
+    assert (tmp_path / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert printed[-1] == "5 games to step 4000; the first 5: -17.6, the last 5: -17.6"
     with pytest.raises(SystemExit, match="no TensorBoard events file"):
         scores.scores(tmp_path / "empty")
