@@ -47,18 +47,23 @@ def scores(run_dir: Path, tag: str = "charts/episodic_return") -> list[tuple[int
     return sorted(kept, key=lambda p: p[0])
 
 
+def bins(points: list[tuple[int, float]], bin_size: int) -> list[tuple[int, int, int, float, float]]:
+    """Per span of bin_size steps with games in it: (start, end, games, mean, half-width of its 95% t-interval;
+    0 for one game)."""
+    last, rows = max(s for s, _ in points), []
+    for start in range(0, last + 1, bin_size):
+        values = [v for s, v in points if start <= s < start + bin_size]
+        if values:
+            half = t95(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else 0
+            rows.append((start, min(start + bin_size, last), len(values), statistics.mean(values), half))
+    return rows
+
+
 def table(points: list[tuple[int, float]], bin_size: int) -> list[str]:
     """A markdown table: per span of bin_size steps, the games that ended there and their mean ± 95% t."""
     lines = ["| steps | games ended there | mean game score ± 95% t over those games |", "|---|---|---|"]
-    last = max(s for s, _ in points)
-    for start in range(0, last + 1, bin_size):
-        values = [v for s, v in points if start <= s < start + bin_size]
-        if not values:
-            continue
-        half = t95(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else 0
-        end = min(start + bin_size, last)
-        lines.append(f"| {start / 1000:g}k-{end / 1000:g}k | {len(values)} | {statistics.mean(values):.1f} ± "
-                     f"{half:.1f} |")
+    for start, end, games, mean, half in bins(points, bin_size):
+        lines.append(f"| {start / 1000:g}k-{end / 1000:g}k | {games} | {mean:.1f} ± {half:.1f} |")
     return lines
 
 
@@ -71,14 +76,9 @@ def plot(points: list[tuple[int, float]], bin_size: int, title: str, path: str) 
 
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.scatter([s for s, _ in points], [v for _, v in points], s=4, alpha=0.3, label="one game")
-    centers, means, halves = [], [], []
-    for start in range(0, max(s for s, _ in points) + 1, bin_size):
-        values = [v for s, v in points if start <= s < start + bin_size]
-        if len(values) > 1:
-            centers.append(start + bin_size / 2)
-            means.append(statistics.mean(values))
-            halves.append(t95(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values)))
-    ax.errorbar(centers, means, yerr=halves, color="black", capsize=3, label=f"mean per {bin_size:,} steps, 95% t")
+    rows = [row for row in bins(points, bin_size) if row[2] > 1]
+    ax.errorbar([start + bin_size / 2 for start, *_ in rows], [row[3] for row in rows],
+                yerr=[row[4] for row in rows], color="black", capsize=3, label=f"mean per {bin_size:,} steps, 95% t")
     ax.set_xlabel("agent steps (4 frames each)")
     ax.set_ylabel("game score (all lives, unclipped)")
     ax.set_title(title)

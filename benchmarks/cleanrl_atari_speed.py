@@ -24,7 +24,6 @@ says whether its runs logged any.
 import argparse
 import os
 import resource
-import shutil
 import statistics
 import subprocess
 import sys
@@ -152,7 +151,6 @@ def main(argv=None) -> list[str]:
                 rows.append(time_run(side, scripts[side], args.env_id, args.steps, tmp / f"{side}_{i}"))
                 print(f"{side} round {i + 1}: {rows[-1]['sps']:.0f} SPS, {rows[-1]['cpu_per_1k']:.2f} CPU s "
                       f"per 1,000 steps", flush=True)
-        shutil.rmtree(tmp / "cleanrl")
     lines = report(rows, args.env_id, args.steps)
     print("\n".join(lines))
     return lines
