@@ -444,8 +444,7 @@ def main(args: Args) -> dict:
                 "charts/SPS": iteration * args.batch_size * args.response_length / (time.time() - start_time),
                 "charts/episodic_length": lengths.mean().item(),
                 **{f"losses/{k}": v for k, v in update_stats.items() if k != "ratio"},
-                "objective/scores": scores.mean().item(),
-                "objective/raw_scores": raw_scores.mean().item(),
+                "objective/scores": scores.mean().item(), "objective/raw_scores": raw_scores.mean().item(),
                 # -log pi of the sampled tokens, summed over the response: a one-sample estimate of the
                 # response's entropy, in nats (losses/entropy: the mean next-token entropy in the update)
                 "objective/response_entropy": (-logprobs).masked_fill(~response_mask, 0).sum(1).mean().item(),
@@ -493,6 +492,7 @@ def main(args: Args) -> dict:
         writer.close()
         if args.world_size > 1:  # wait for process 0's saving and evaluation, then leave together
             torch.distributed.barrier()
+            del train_policy  # DDP holds the group: destroy then ends its threads
             torch.distributed.destroy_process_group()
     return {"run_dir": run_dir, "eval": eval_stats, "interrupted": interrupted, **stats}
 
@@ -729,6 +729,9 @@ def init_process_group(args: Args, device: torch.device) -> torch.device:
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         torch.cuda.set_device(device)
+    # imported after the process group, as DDP's imports would, this module keeps the group as its functions'
+    # default argument, and destroy_process_group cannot end the group's threads before the interpreter exits
+    import torch.distributed.nn.functional  # noqa: F401
     torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
     if args.rank > 0:
         sys.stdout = open(os.devnull, "w")  # process 0 prints the progress; errors still reach stderr

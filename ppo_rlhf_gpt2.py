@@ -623,6 +623,7 @@ def main(args: Args) -> dict:
         writer.close()
         if args.world_size > 1:  # wait for process 0's saving and evaluation, then leave together
             torch.distributed.barrier()
+            del train_policy, train_value_model  # DDP holds the group: destroy then ends its threads
             torch.distributed.destroy_process_group()
     return {"run_dir": run_dir, "eval": eval_stats, "interrupted": interrupted, **stats}
 
@@ -828,6 +829,9 @@ def init_process_group(args: Args, device: torch.device) -> torch.device:
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         torch.cuda.set_device(device)
+    # imported after the process group, as DDP's imports would, this module keeps the group as its functions'
+    # default argument, and destroy_process_group cannot end the group's threads before the interpreter exits
+    import torch.distributed.nn.functional  # noqa: F401
     torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
     if args.rank > 0:
         sys.stdout = open(os.devnull, "w")  # process 0 prints the progress; errors still reach stderr

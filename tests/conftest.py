@@ -890,7 +890,9 @@ def run_one_and_two_processes(root, flags):
 # The driver scripts of the RL files' torchrun tests (DRIVER in test_ppo_rlhf_gpt2.py and test_grpo_gpt2.py) import
 # their script as `script` and share these lines (filled in by torchrun_folder): the end of their stand-in for
 # generate, its responses scored by the policy (their log-probs recomputed), and the gradient norm of each
-# optimizer step, before clipping, recorded in `norms` by record_norm.
+# optimizer step, before clipping, recorded in `norms` by record_norm; recording_destroy, main()'s
+# destroy_process_group followed by the count, in `left`, of gloo's threads still running in the process (Linux):
+# a thread left there can outlive the interpreter and abort the finished process as it exits.
 DRIVER_LINES = {
     "scored_responses": """    responses = torch.stack(rows).to(queries.device)
     logits = script.response_logits(policy, torch.cat([queries, responses], 1), queries.shape[1], temperature,
@@ -900,6 +902,10 @@ DRIVER_LINES = {
 def record_norm(parameters, max_norm):
     norms.append(clip(parameters, max_norm).item())
     return norms[-1]""",
+    "recorded_exit": """left, real_destroy = [], torch.distributed.destroy_process_group
+def recording_destroy():
+    real_destroy()
+    left.append(sum("gloo" in open(f"/proc/self/task/{t}/comm").read() for t in os.listdir("/proc/self/task")))""",
 }
 
 

@@ -730,12 +730,14 @@ def generate(policy, queries, response_length, temperature, pad_token_id, greedy
 
 {recorded_norms}
 
-# one process group for both runs (torchrun's rendezvous serves one): joined once, left at the end
-destroy, init = torch.distributed.destroy_process_group, grpo.init_process_group
-torch.distributed.destroy_process_group = lambda: None
+{recorded_exit}
+
+# one process group for both runs (torchrun's rendezvous serves one): joined once, left by the last run's main()
+init = grpo.init_process_group
 grpo.init_process_group = lambda a, device: device if torch.distributed.is_initialized() else init(a, device)
 grpo.generate, grpo.nn.utils.clip_grad_norm_ = generate, record_norm
 for loss_type in ("grpo", "dapo"):
+    torch.distributed.destroy_process_group = (lambda: None) if loss_type == "grpo" else recording_destroy
     norms.clear()
     run_args = copy.deepcopy(args)
     run_args.loss_type, run_args.runs_dir = loss_type, os.path.join(args.runs_dir, loss_type)
@@ -744,8 +746,8 @@ for loss_type in ("grpo", "dapo"):
         json.dump(norms, f)
 with open(os.path.join(args.runs_dir, f"draws_{{run_args.rank}}.json"), "w") as f:
     json.dump(draws, f)
-if torch.distributed.is_initialized():
-    destroy()
+with open(os.path.join(args.runs_dir, f"threads_left_{{run_args.rank}}.json"), "w") as f:
+    json.dump(left, f)
 '''
 
 
@@ -772,6 +774,9 @@ def test_torchrun_two_processes_make_the_update_of_one_process(torchrun_case):
     # each process samples from its own random stream (seed + rank), not a copy of the other's
     draws = [json.loads((root / "two" / "runs" / f"draws_{rank}.json").read_text()) for rank in (0, 1)]
     assert len(draws[0]) == len(draws[1]) >= 1 and draws[0][0] != draws[1][0]
+    # main()'s destroy_process_group ends the process group's threads (none left to outlive the interpreter)
+    threads_left = [json.loads((root / "two" / "runs" / f"threads_left_{rank}.json").read_text()) for rank in (0, 1)]
+    assert threads_left == [[0], [0]]
     initial = AutoModelForCausalLM.from_pretrained(flags[1]).state_dict()
     for loss_type in ("grpo", "dapo"):
         run_dirs = {n: list((root / n / "runs" / loss_type).iterdir()) for n in ("one", "two")}

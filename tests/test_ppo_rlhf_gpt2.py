@@ -1135,9 +1135,14 @@ def generate(policy, queries, response_length, temperature, pad_token_id, greedy
 
 {recorded_norms}
 
+{recorded_exit}
+
 rlhf.generate, rlhf.nn.utils.clip_grad_norm_ = generate, record_norm
+torch.distributed.destroy_process_group = recording_destroy
 args = tyro.cli(rlhf.Args)
 rlhf.main(args)
+with open(os.path.join(args.runs_dir, "..", f"threads_left_{{args.rank}}.json"), "w") as f:
+    json.dump(left, f)
 with open(os.path.join(args.runs_dir, "..", f"grad_norms_{{args.rank}}.json"), "w") as f:
     json.dump(norms, f)
 with open(os.path.join(args.runs_dir, "..", f"draws_{{args.rank}}.json"), "w") as f:
@@ -1183,6 +1188,8 @@ def test_torchrun_two_processes_make_the_update_of_one_process(torchrun_case):
     # each process samples from its own random stream (seed + rank), not a copy of the other's
     draws = [json.loads((root / "two" / f"draws_{rank}.json").read_text()) for rank in (0, 1)]
     assert len(draws[0]) == len(draws[1]) >= 1 and draws[0][0] != draws[1][0]
+    # main()'s destroy_process_group ends the process group's threads (none left to outlive the interpreter)
+    assert [json.loads((root / "two" / f"threads_left_{rank}.json").read_text()) for rank in (0, 1)] == [[0], [0]]
     # the logged statistics of the rollout are over both processes' responses
     scalars = {name: read_scalars(d) for name, d in run_dirs.items()}
     for tag in ("objective/scores", "objective/raw_scores", "charts/episodic_length", "val/num_eos_tokens",
