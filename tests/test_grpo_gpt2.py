@@ -775,8 +775,8 @@ def test_torchrun_two_processes_make_the_update_of_one_process(torchrun_case):
     draws = [json.loads((root / "two" / "runs" / f"draws_{rank}.json").read_text()) for rank in (0, 1)]
     assert len(draws[0]) == len(draws[1]) >= 1 and draws[0][0] != draws[1][0]
     # main()'s destroy_process_group ends the process group's threads (none left to outlive the interpreter)
-    threads_left = [json.loads((root / "two" / "runs" / f"threads_left_{rank}.json").read_text()) for rank in (0, 1)]
-    assert threads_left == [[0], [0]]
+    left = [json.loads((root / "two" / "runs" / f"threads_left_{rank}.json").read_text()) for rank in (0, 1)]
+    assert left == [[0], [0]]
     initial = AutoModelForCausalLM.from_pretrained(flags[1]).state_dict()
     for loss_type in ("grpo", "dapo"):
         run_dirs = {n: list((root / n / "runs" / loss_type).iterdir()) for n in ("one", "two")}
