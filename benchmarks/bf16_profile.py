@@ -11,7 +11,11 @@ The model has SmolLM2-135M's architecture with random weights (timing only), one
 precision: the median seconds of --repeats timed passes (after one warm-up), then the profiler's top operators
 by self CPU time, with the share of the weights' casts to bf16 (aten::_to_copy and aten::copy_).
 
-Usage: python benchmarks/bf16_profile.py [--batch-size 16] [--tokens 30] [--repeats 5] [--out FILE]
+With --cuda the model and batch sit on the GPU (autocast on "cuda"), and each pass also reports the GPU's busy
+time: the sum of its kernels' times in the profiled pass, against the pass's wall time. Busy time far below the
+wall time means the pass waits on the CPU that launches the kernels, not on the GPU's arithmetic.
+
+Usage: python benchmarks/bf16_profile.py [--batch-size 16] [--tokens 30] [--repeats 5] [--cuda] [--out FILE]
 """
 
 import argparse
@@ -21,6 +25,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -33,7 +38,7 @@ CASTS = ("aten::_to_copy", "aten::copy_", "aten::to")
 
 def passes(model, batch_size: int, tokens: int) -> dict:
     """{name: a function that runs one pass}."""
-    ids = torch.randint(0, model.config.vocab_size, (batch_size, tokens))
+    ids = torch.randint(0, model.config.vocab_size, (batch_size, tokens), device=model.device)
     with torch.no_grad():
         cache = model(input_ids=ids, use_cache=True).past_key_values
     step = ids[:, -1:]
@@ -57,36 +62,52 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--top", type=int, default=8, help="operators listed per pass and precision")
     parser.add_argument("--out", default=None, help="also write the report to this Markdown file")
+    parser.add_argument("--cuda", action="store_true", help="profile on the GPU (default: the CPU)")
     cli = parser.parse_args()
+    if cli.cuda and not torch.cuda.is_available():
+        parser.error("--cuda: torch sees no CUDA GPU here; leave --cuda out to profile on the CPU")
+    device = torch.device("cuda" if cli.cuda else "cpu")
+    sync = torch.cuda.synchronize if cli.cuda else (lambda: None)
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    lines = [f"# --bf16 on this CPU, profiled: SmolLM2-135M's architecture, batch {cli.batch_size}, "
+    where = torch.cuda.get_device_name(0) if cli.cuda else "this CPU"
+    lines = [f"# --bf16 on {where}, profiled: SmolLM2-135M's architecture, batch {cli.batch_size}, "
              f"{cli.tokens} tokens", "", f"Command: `python benchmarks/bf16_profile.py --batch-size {cli.batch_size} "
-             f"--tokens {cli.tokens} --repeats {cli.repeats}`; torch {torch.__version__}, 1 thread, "
-             f"{time.strftime('%Y-%m-%d %H:%M')}.", ""]
+             f"--tokens {cli.tokens} --repeats {cli.repeats}{' --cuda' if cli.cuda else ''}`; torch "
+             f"{torch.__version__}, 1 thread, {time.strftime('%Y-%m-%d %H:%M')}.", ""]
     seconds = {}
     for precision in ("fp32", "bf16"):
-        model = LlamaForCausalLM(LlamaConfig(**SMOLLM2_135M)).eval()
+        model = LlamaForCausalLM(LlamaConfig(**SMOLLM2_135M)).to(device).eval()
         if precision == "bf16":
-            model.forward = torch.autocast("cpu", dtype=torch.bfloat16)(model.forward)
+            model.forward = torch.autocast(device.type, dtype=torch.bfloat16)(model.forward)
         for name, run in passes(model, cli.batch_size, cli.tokens).items():
             with contextlib.ExitStack() as region:
                 if name == "sample, one region":  # entered once: the warm-up fills autocast's cache
-                    region.enter_context(torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"))
+                    region.enter_context(torch.autocast(device.type, dtype=torch.bfloat16,
+                                                        enabled=precision == "bf16"))
                 run()  # warm-up
+                sync()
                 timed = []
                 for _ in range(cli.repeats):
                     start = time.perf_counter()
                     run()
+                    sync()
                     timed.append(time.perf_counter() - start)
                 seconds[name, precision] = statistics.median(timed)
-                with profile(activities=[ProfilerActivity.CPU]) as prof:
+                activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cli.cuda else [])
+                with profile(activities=activities) as prof:
                     run()
+                    sync()
             events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
             total = sum(e.self_cpu_time_total for e in events)
             cast = sum(e.self_cpu_time_total for e in events if e.key in CASTS)
+            busy = ""
+            if cli.cuda:  # the kernels' own events (an operator's device time repeats its kernels')
+                kernels = sum(e.device_time_total for e in prof.events() if e.device_type == DeviceType.CUDA) / 1e6
+                busy = (f"; GPU busy {1e3 * kernels:.1f} ms of its {1e3 * seconds[name, precision]:.1f} ms "
+                        f"({100 * kernels / seconds[name, precision]:.0f}%)")
             lines += [f"## {name}, {precision}: {seconds[name, precision]:.3f} s a pass (median of {cli.repeats}); "
-                      f"casts {100 * cast / total:.0f}% of the profiled self CPU time", "",
+                      f"casts {100 * cast / total:.0f}% of the profiled self CPU time{busy}", "",
                       "| operator | calls | self CPU ms | share |", "|---|---|---|---|"]
             lines += [f"| {e.key} | {e.count} | {e.self_cpu_time_total / 1e3:.1f} | "
                       f"{100 * e.self_cpu_time_total / total:.0f}% |" for e in events[: cli.top]]

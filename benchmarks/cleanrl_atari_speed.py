@@ -10,7 +10,8 @@ temporary folder and changed in the fewest lines that make it run on this projec
 (PATCHES: ALE's games registered; two wrappers under their 1.x names); nothing else is touched. Its game is the
 same game without frame skip or sticky actions (`PongNoFrameskip-v4` for `ALE/Pong-v5`), as ppo_atari.py makes
 its own. Both run at their defaults (8 envs x 128 steps, 4 epochs of 4 minibatches) for --steps agent steps
-with one torch thread (OMP_NUM_THREADS=1; ppo_atari.py also --num-threads 1), on the CPU.
+with one torch thread (OMP_NUM_THREADS=1; ppo_atari.py also --num-threads 1), on the CPU, or with --cuda both on
+the GPU (each file's own `--cuda`).
 
 Measures, per run: charts/SPS at its last iteration (both files log it as steps since training started over the
 wall seconds since then), and the process's CPU seconds per 1,000 agent steps (start-up included).
@@ -73,13 +74,14 @@ def cleanrl_env_id(env_id: str) -> str:
     return env_id[len("ALE/"):-len("-v5")] + "NoFrameskip-v4"
 
 
-def commands(side: str, script: Path, env_id: str, steps: int, runs: Path) -> list[str]:
+def commands(side: str, script: Path, env_id: str, steps: int, runs: Path, cuda: bool = False) -> list[str]:
     """The command line of one run of either side."""
+    device = "--cuda" if cuda else "--no-cuda"
     if side == "ours":
-        return [sys.executable, str(script), "--env-id", env_id, "--total-timesteps", str(steps), "--no-cuda",
+        return [sys.executable, str(script), "--env-id", env_id, "--total-timesteps", str(steps), device,
                 "--num-threads", "1", "--eval-episodes", "0", "--runs-dir", str(runs), "--seed", "1"]
     return [sys.executable, str(script), "--env-id", cleanrl_env_id(env_id), "--total-timesteps", str(steps),
-            "--no-cuda", "--seed", "1"]
+            device, "--seed", "1"]
 
 
 def read_run(runs: Path) -> tuple[float, int]:
@@ -95,13 +97,13 @@ def read_run(runs: Path) -> tuple[float, int]:
     return float(events.Scalars("charts/SPS")[-1].value), returns
 
 
-def time_run(side: str, script: Path, env_id: str, steps: int, folder: Path) -> dict:
+def time_run(side: str, script: Path, env_id: str, steps: int, folder: Path, cuda: bool = False) -> dict:
     """One run in a fresh process, its runs in folder: SPS, CPU seconds per 1,000 steps, episodic returns."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     folder.mkdir(parents=True)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     wall = time.perf_counter()
-    done = subprocess.run(commands(side, script, env_id, steps, folder / "runs"), cwd=folder, env=env,
+    done = subprocess.run(commands(side, script, env_id, steps, folder / "runs", cuda), cwd=folder, env=env,
                           capture_output=True, text=True)
     wall = time.perf_counter() - wall
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -112,9 +114,9 @@ def time_run(side: str, script: Path, env_id: str, steps: int, folder: Path) -> 
     return dict(side=side, sps=sps, cpu_per_1k=1000 * cpu / steps, wall=wall, returns=returns)
 
 
-def report(rows: list[dict], env_id: str, steps: int) -> list[str]:
+def report(rows: list[dict], env_id: str, steps: int, device: str = "the CPU") -> list[str]:
     """The markdown table: each side's runs, their median SPS and CPU seconds per 1,000 steps."""
-    lines = [f"{env_id}, {steps} agent steps a run, one torch thread, alternating runs:", "",
+    lines = [f"{env_id}, {steps} agent steps a run, one torch thread, on {device}, alternating runs:", "",
              "| file | SPS, each run | median SPS | CPU s per 1,000 steps, median | episodic returns logged |",
              "|---|---|---|---|---|"]
     medians = {}
@@ -134,6 +136,7 @@ def main(argv=None) -> list[str]:
     parser.add_argument("--env-id", default="ALE/Pong-v5", help="an ALE game id, as ppo_atari.py takes it")
     parser.add_argument("--steps", type=int, default=8192, help="agent steps a run (whole iterations of 1,024)")
     parser.add_argument("--rounds", type=int, default=2, help="runs of each file, alternating")
+    parser.add_argument("--cuda", action="store_true", help="train both on the GPU (default: the CPU)")
     args = parser.parse_args(argv)
     if args.steps < 1024 or args.steps % 1024 or args.rounds < 1:
         parser.error("--steps must be a positive multiple of 1024 (8 envs x 128 steps) and --rounds at least 1")
@@ -142,16 +145,23 @@ def main(argv=None) -> list[str]:
     if check.returncode != 0:
         raise SystemExit("error: CleanRL's file needs cv2 (its ResizeObservation): pip install "
                          "opencv-python-headless, then run this again")
+    if args.cuda and subprocess.run([sys.executable, "-c", "import torch; assert torch.cuda.is_available()"],
+                                    capture_output=True).returncode != 0:
+        raise SystemExit("error: --cuda: torch sees no CUDA GPU here; leave --cuda out to time both on the CPU")
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         scripts = {"ours": ROOT / "ppo_atari.py", "cleanrl": copy_cleanrl(Path(args.cleanrl), tmp / "cleanrl")}
         rows = []
         for i in range(args.rounds):
             for side in ("ours", "cleanrl"):
-                rows.append(time_run(side, scripts[side], args.env_id, args.steps, tmp / f"{side}_{i}"))
+                rows.append(time_run(side, scripts[side], args.env_id, args.steps, tmp / f"{side}_{i}", args.cuda))
                 print(f"{side} round {i + 1}: {rows[-1]['sps']:.0f} SPS, {rows[-1]['cpu_per_1k']:.2f} CPU s "
                       f"per 1,000 steps", flush=True)
-    lines = report(rows, args.env_id, args.steps)
+    device = "the CPU"
+    if args.cuda:
+        import torch
+        device = f"one {torch.cuda.get_device_name(0)}"
+    lines = report(rows, args.env_id, args.steps, device)
     print("\n".join(lines))
     return lines
 

@@ -557,6 +557,8 @@ def test_cleanrl_speed_benchmark_patches_only_its_lines_and_reads_each_run(tmp_p
     assert ours[ours.index("--num-threads") + 1] == "1" and "--no-cuda" in ours and "--no-cuda" in theirs
     assert ours[ours.index("--total-timesteps") + 1] == theirs[theirs.index("--total-timesteps") + 1] == "2048"
     assert theirs[theirs.index("--env-id") + 1] == "PongNoFrameskip-v4"
+    on_gpu = [speed.commands(s, Path("x.py"), "ALE/Pong-v5", 2048, Path("r"), cuda=True) for s in ("ours", "cleanrl")]
+    assert all("--cuda" in c and "--no-cuda" not in c for c in on_gpu)
     # a run's last SPS and its count of episodic returns, read back from a real TensorBoard file
     from torch.utils.tensorboard import SummaryWriter
     writer = SummaryWriter(str(tmp_path / "runs" / "one"))
