@@ -1,4 +1,5 @@
-"""grpo_gpt2.py and dpo_gpt2.py against TRL's GRPOTrainer and DPOTrainer: seconds per optimizer step and peak memory.
+"""grpo_gpt2.py, dpo_gpt2.py and reward_model_gpt2.py against TRL's GRPOTrainer, DPOTrainer and RewardTrainer:
+seconds per optimizer step and peak memory.
 
 Each side runs in fp32 and in bf16: ours with and without --bf16 (autocast, fp32 weights), TRL with bf16=False and
 at its defaults (bf16=True; TRL's configs also default to gradient checkpointing, kept on in both of its runs).
@@ -19,6 +20,10 @@ The policy is SmolLM2-135M's architecture with random weights (built as benchmar
   Ours computes the reference's log-probs once before training (not in the step times); TRL's default computes
   them in every step (precompute_ref_log_probs=False). The report also gives ours with that pass timed and
   counted a step's share (its seconds per 32 comparisons added to each step).
+- Reward model (--methods rm): the same comparisons and sizes as DPO, a scalar head on the policy's backbone
+  (TRL: AutoModelForSequenceClassification, one label). Ours at its defaults fits the head on frozen features
+  first (detail 45, a pass over the training comparisons before the first step, not in the step times); TRL
+  trains head and backbone from its first step.
 A step's seconds are the gaps between the ends of consecutive optimizer steps (TensorBoard event times here, a
 `TrainerCallback.on_step_end` in TRL), the median over the steps after the first.
 """
@@ -40,6 +45,7 @@ STEPS = 5  # optimizer steps a run; the first gap is a warm-up
 GRPO = dict(batch=64, generations=8, micro=16, tokens=24)
 DPO = dict(batch=32, micro=8, max_length=128)
 VARIANTS = [("ours", "fp32"), ("ours", "bf16"), ("trl", "fp32"), ("trl", "bf16")]
+SCRIPTS = {"grpo": "grpo_gpt2", "dpo": "dpo_gpt2", "rm": "reward_model_gpt2"}  # --methods: our file of each
 
 
 def ours_flags(method: str, model: str, preferences: str, runs: str, precision: str) -> list[str]:
@@ -54,8 +60,8 @@ def ours_flags(method: str, model: str, preferences: str, runs: str, precision: 
             str(GRPO["tokens"] - 1), "--beta", "0", "--total-episodes", str(GRPO["batch"] * STEPS), "--eval-episodes", "0"]
     return common + bf16 + [
         "--preferences", preferences, "--batch-size", str(DPO["batch"]), "--gradient-accumulation-steps",
-        str(DPO["batch"] // DPO["micro"]), "--max-length", str(DPO["max_length"]), "--eval-episodes", "0",
-        "--eval-every", "0", "--eval-fraction", "0.1"]
+        str(DPO["batch"] // DPO["micro"]), "--max-length", str(DPO["max_length"]),
+        *(["--eval-episodes", "0"] if method == "dpo" else []), "--eval-every", "0", "--eval-fraction", "0.1"]
 
 
 def comparisons_needed(eval_fraction: float = 0.1) -> int:
@@ -68,7 +74,7 @@ def run_ours(method: str, model: str, preferences: str, precision: str) -> dict:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     sys.path.insert(0, str(ROOT))
-    module = __import__("grpo_gpt2" if method == "grpo" else "dpo_gpt2")
+    module = __import__(SCRIPTS[method])
     passes = []  # DPO: (comparisons, seconds) of each logps_in_chunks call, the reference's pass among them
     if method == "dpo":
         logps_in_chunks = module.logps_in_chunks
@@ -89,7 +95,7 @@ def run_ours(method: str, model: str, preferences: str, precision: str) -> dict:
                 module.logps_in_chunks = logps_in_chunks
         events = EventAccumulator(result["run_dir"], size_guidance={"scalars": 0})
         events.Reload()
-        tag = "time/update" if method == "grpo" else "losses/dpo_loss"
+        tag = {"grpo": "time/update", "dpo": "losses/dpo_loss", "rm": "losses/reward_loss"}[method]
         ends = [e.wall_time for e in events.Scalars(tag)]
     return {"ends": ends[: STEPS], "flags": ours_flags(method, "MODEL", "PREFS", "RUNS", precision),
             "passes": passes}
@@ -138,6 +144,14 @@ def run_trl(method: str, model: str, preferences: str, precision: str) -> dict:
             trainer = trl.GRPOTrainer(model=model, reward_funcs=length_reward, args=config,
                                       train_dataset=Dataset.from_dict({"prompt": list(PROMPTS)}),
                                       processing_class=tokenizer, callbacks=[StepEnds()])
+        elif method == "rm":
+            rows = [json.loads(line) for line in Path(preferences).read_text().splitlines()]
+            data = Dataset.from_list([{k: r[k] for k in ("prompt", "chosen", "rejected")} for r in rows])
+            config = trl.RewardConfig(output_dir=output_dir, per_device_train_batch_size=DPO["micro"],
+                                      gradient_accumulation_steps=DPO["batch"] // DPO["micro"],
+                                      max_length=DPO["max_length"], **common)
+            trainer = trl.RewardTrainer(model=model, args=config, train_dataset=data, processing_class=tokenizer,
+                                        callbacks=[StepEnds()])
         else:
             rows = [json.loads(line) for line in Path(preferences).read_text().splitlines()]
             data = Dataset.from_list([{k: r[k] for k in ("prompt", "chosen", "rejected")} for r in rows])
@@ -175,22 +189,23 @@ def report(runs: list, command: str, model_line: str) -> str:
     peak memory; then ours in bf16 against TRL at its defaults, and each side's bf16 against its fp32."""
     trl_version = next((r["trl"] for r in runs if "trl" in r), "?")
     names = {"grpo": ("grpo_gpt2.py", f"TRL {trl_version} GRPOTrainer"),
-             "dpo": ("dpo_gpt2.py", f"TRL {trl_version} DPOTrainer")}
+             "dpo": ("dpo_gpt2.py", f"TRL {trl_version} DPOTrainer"),
+             "rm": ("reward_model_gpt2.py", f"TRL {trl_version} RewardTrainer")}
     first = runs[0]
-    lines = [f"# grpo_gpt2.py and dpo_gpt2.py against TRL {trl_version}'s GRPOTrainer and DPOTrainer: seconds per "
-             "optimizer step", "", f"Command: `{command}`", "",
+    lines = [f"# Our language-model files against TRL {trl_version}'s trainers: seconds per optimizer step", "",
+             f"Command: `{command}`", "",
              f"{time.strftime('%Y-%m-%d')}; {os.cpu_count()} CPU cores, no GPU, one thread a run, one run at a time, "
              f"alternating; torch {first['torch']}, transformers {first['transformers']}. Policy: {model_line}. "
              f"{STEPS} optimizer steps a run, the first gap a warm-up. GRPO: {GRPO['batch']} completions of "
-             f"{GRPO['tokens']} tokens a step, beta 0. DPO: {DPO['batch']} comparisons a step, texts of at most "
-             f"{DPO['max_length']} tokens.", ""]
+             f"{GRPO['tokens']} tokens a step, beta 0. DPO and the reward model: {DPO['batch']} comparisons a step, "
+             f"texts of at most {DPO['max_length']} tokens.", ""]
     medians = {}
-    for method in ("grpo", "dpo"):
+    for method in SCRIPTS:
         mine = [r for r in runs if r["method"] == method]
         if not mine:
             continue
-        lines += [f"## {method.upper()}", "", "| implementation | precision | seconds a step | each run | peak "
-                  "memory GB |", "|---|---|---|---|---|"]
+        lines += [f"## {'Reward model' if method == 'rm' else method.upper()}", "",
+                  "| implementation | precision | seconds a step | each run | peak memory GB |", "|---|---|---|---|---|"]
         for side, precision in VARIANTS:
             these = [r for r in mine if r["side"] == side and r["precision"] == precision]
             if not these:
@@ -226,7 +241,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trl-python", help="the python of an environment with trl==1.16.0 (see the docstring)")
     parser.add_argument("--preferences", help="a JSONL preference file ({prompt, chosen, rejected} a line) for DPO")
-    parser.add_argument("--methods", nargs="+", choices=("grpo", "dpo"), default=["grpo", "dpo"])
+    parser.add_argument("--methods", nargs="+", choices=tuple(SCRIPTS), default=["grpo", "dpo"])
     parser.add_argument("--model", help="a causal LM folder (default: SmolLM2-135M's architecture, random weights)")
     parser.add_argument("--rounds", type=int, default=2, help="runs per variant, alternating")
     parser.add_argument("--out", default="benchmarks/results/trl_grpo_dpo", help="OUT.md and OUT.json")
@@ -237,8 +252,9 @@ def main() -> None:
         return one_run(*args.run, args.model, args.preferences, args.out_json)
     if not args.trl_python or not os.path.exists(args.trl_python):
         raise SystemExit("error: --trl-python must be the python of an environment with trl==1.16.0 (see --help)")
-    if "dpo" in args.methods and (not args.preferences or not os.path.isfile(args.preferences)):
-        raise SystemExit("error: --preferences: DPO needs a JSONL preference file (or pass --methods grpo)")
+    if {"dpo", "rm"} & set(args.methods) and (not args.preferences or not os.path.isfile(args.preferences)):
+        raise SystemExit("error: --preferences: DPO and the reward model need a JSONL preference file (or pass "
+                         "--methods grpo)")
     if args.rounds < 1:
         raise SystemExit("error: --rounds must be at least 1")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -252,7 +268,7 @@ def main() -> None:
             model_line = build_models(Path(tmp), "smollm2-135m", reward_model=False)
             model = str(Path(tmp) / "policy")
         preferences = os.path.join(tmp, "comparisons.jsonl")
-        if "dpo" in args.methods:
+        if {"dpo", "rm"} & set(args.methods):
             lines = Path(args.preferences).read_text().splitlines()
             if len(lines) < comparisons_needed():
                 raise SystemExit(f"error: --preferences {args.preferences} has {len(lines)} comparisons, fewer "

@@ -177,6 +177,14 @@ def test_trl_side_by_side_gives_our_scripts_flags_they_accept_at_the_sizes_it_st
     assert all(seconds > 0 for _, seconds in result["passes"])
     assert side.reference_share(result) == pytest.approx(max(result["passes"])[1] * 32 / training)
     assert dpo_gpt2.logps_in_chunks.__name__ == "logps_in_chunks"  # the script's own again, not the timer
+    # the reward model: DPO's sizes, the same held-out share; a real run gives one end per optimizer step
+    import reward_model_gpt2
+    args = tyro.cli(reward_model_gpt2.Args, args=side.ours_flags("rm", tiny["policy"], str(prefs), "r", "bf16"))
+    reward_model_gpt2.check_args(args)
+    assert (args.batch_size, args.micro_batch_size, args.max_length, args.bf16, args.eval_fraction) == (
+        32, 8, 128, True, 0.1)
+    result = side.run_ours("rm", tiny["policy"], str(prefs), "fp32")
+    assert len(result["ends"]) == side.STEPS and result["ends"] == sorted(result["ends"]) and not result["passes"]
 
 
 def test_trl_side_by_side_report_by_hand():
@@ -204,3 +212,8 @@ def test_trl_side_by_side_report_by_hand():
     assert "- ours in bf16 with its reference pass counted a step's share (0.40 s): 2.40 s a step, 2.00x as fast" \
         " as TRL in bf16" in text
     assert "ours in fp32 with" not in text  # no fp32 runs of either side
+    rm = [run("ours", "bf16", [1.0, 3.0], "rm"), run("trl", "bf16", [4.0, 4.0], "rm", trl="1.16.0")]
+    text = side.report(rm, "python x", "a model")
+    assert "## Reward model" in text and "## DPO" not in text and "| reward_model_gpt2.py | bf16 | 2.00 |" in text
+    assert "| TRL 1.16.0 RewardTrainer | bf16 (TRL's default) | 4.00 |" in text
+    assert "- ours in bf16 against TRL at its defaults: 2.00x as fast" in text
