@@ -17,6 +17,9 @@ with `--stop-token eos`, which only masks), 4 epochs over one minibatch of two m
 in chunks of 16, fixed KL coefficient. Each run does ITERATIONS iterations; the first is a warm-up and the time
 of each later one is the interval between the ends of consecutive iterations (TensorBoard event times here, a
 `TrainerCallback.on_step_end` in TRL). Peak memory is the process's peak resident set size (`ru_maxrss`).
+With --bf16 this script runs with its `--bf16`. TRL runs at its defaults either way; what they do is recorded,
+not assumed: the dtype of the policy's output layer in TRL's passes (bfloat16 only under autocast) and whether
+the policy ran with gradient checkpointing (PPOConfig's defaults say bf16=True and gradient checkpointing).
 A reading written in OUT.md below a line `<!-- reading -->` is kept when the page is rewritten.
 """
 
@@ -52,7 +55,7 @@ def reward_model_folder(model: str) -> str:
     return folder
 
 
-def run_ours(model: str) -> dict:
+def run_ours(model: str, bf16: bool = False) -> dict:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     sys.path.insert(0, str(ROOT))
@@ -65,14 +68,14 @@ def run_ours(model: str) -> dict:
             update_epochs=EPOCHS, response_length=RESPONSE, min_response_length=0, stop_token="eos",
             local_rollout_forward_batch_size=CHUNK, total_episodes=BATCH * ITERATIONS, eval_episodes=0,
             norm_batches=1, missing_eos_penalty=None, kl_target=None, kl_coef=KL_COEF,
-            learning_rate=LEARNING_RATE, temperature=TEMPERATURE)
+            learning_rate=LEARNING_RATE, temperature=TEMPERATURE, bf16=bf16)
         result = rlhf.main(args)
         events = EventAccumulator(result["run_dir"], size_guidance={"scalars": 0})
         events.Reload()
         ends = [e.wall_time for e in events.Scalars("time/update")]
         rollout = [e.value for e in events.Scalars("time/rollout")][1:]
         update = [e.value for e in events.Scalars("time/update")][1:]
-    return {"ends": ends, "rollout": rollout, "update": update}
+    return {"ends": ends, "rollout": rollout, "update": update, "bf16": bf16}
 
 
 def run_trl(model: str) -> dict:
@@ -95,6 +98,9 @@ def run_trl(model: str) -> dict:
     reward_model = AutoModelForSequenceClassification.from_pretrained(reward_model_folder(model), num_labels=1,
                                                                       dtype=torch.float32)
 
+    dtypes = set()  # of the policy's logits in TRL's passes: bfloat16 only where autocast is on
+    policy.lm_head.register_forward_hook(lambda module, inputs, output: dtypes.add(str(output.dtype)))
+
     class IterationEnds(TrainerCallback):
         ends: list = []
 
@@ -112,15 +118,16 @@ def run_trl(model: str) -> dict:
                              reward_model=reward_model, value_model=value_model, train_dataset=dataset,
                              callbacks=[IterationEnds()])
         trainer.train()
-    return {"ends": IterationEnds.ends, "trl": trl.__version__}
+    return {"ends": IterationEnds.ends, "trl": trl.__version__, "config_bf16": bool(config.bf16),
+            "logits_dtypes": sorted(dtypes), "gradient_checkpointing": bool(policy.is_gradient_checkpointing)}
 
 
-def one_run(side: str, model: str, out_json: str) -> None:
+def one_run(side: str, model: str, out_json: str, bf16: bool = False) -> None:
     import torch
     import transformers
 
     start = time.time()
-    result = run_ours(model) if side == "ours" else run_trl(model)
+    result = run_ours(model, bf16) if side == "ours" else run_trl(model)
     ends = result.pop("ends")
     result.update(side=side, seconds=[b - a for a, b in zip(ends, ends[1:])], iterations=len(ends),
                   wall=time.time() - start, peak_gb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6,
@@ -135,11 +142,23 @@ def median(values: list) -> float:
     return values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2
 
 
+def precision(run: dict) -> str:
+    """What a run computed in: ours from its flag, TRL's from the dtypes its policy's logits came out in."""
+    if run["side"] == "ours":
+        return "bf16 (--bf16)" if run.get("bf16") else "fp32"
+    if "logits_dtypes" not in run:
+        return "its defaults, not recorded"
+    computed = "bf16 autocast" if "torch.bfloat16" in run["logits_dtypes"] else "fp32"
+    checkpointing = ", gradient checkpointing" if run["gradient_checkpointing"] else ""
+    return f"{computed}{checkpointing} (config bf16={run['config_bf16']})"
+
+
 def report(runs: list, out: Path, command: str) -> None:
     rows = []
     trl_version = next((r["trl"] for r in runs if "trl" in r), "?")
     for side, name in (("ours", "ppo_rlhf_gpt2.py"), ("trl", f"TRL {trl_version} PPOTrainer")):
         mine = [r for r in runs if r["side"] == side]
+        name += ", " + ", ".join(sorted({precision(r) for r in mine}))
         seconds = [s for r in mine for s in r["seconds"]]
         per_run = ", ".join(f"{median(r['seconds']):.1f}" for r in mine)
         peaks = ", ".join(f"{r['peak_gb']:.2f}" for r in mine)
@@ -183,11 +202,12 @@ def main() -> None:
     parser.add_argument("--core", type=int, help="pin every run to this CPU core (taskset)")
     parser.add_argument("--out", default="docs/results/rlhf_vs_trl", help="OUT.md and OUT.json")
     parser.add_argument("--report-only", action="store_true", help="rewrite OUT.md from OUT.json, run nothing")
+    parser.add_argument("--bf16", action="store_true", help="run ppo_rlhf_gpt2.py with --bf16 (TRL: its defaults)")
     parser.add_argument("--run", choices=("ours", "trl"), help=argparse.SUPPRESS)  # one run, in this process
     parser.add_argument("--out-json", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run:
-        return one_run(args.run, args.model, args.out_json)
+        return one_run(args.run, args.model, args.out_json, args.bf16)
     if args.report_only:
         runs = json.loads((ROOT / args.out).with_suffix(".json").read_text())
         command = (ROOT / args.out).with_suffix(".md").read_text().split("`")[1]  # the command that ran them
@@ -205,7 +225,7 @@ def main() -> None:
             for side, python in (("ours", sys.executable), ("trl", args.trl_python)):
                 out_json = os.path.join(tmp, f"{side}_{repeat}.json")
                 subprocess.run(pin + [python, __file__, "--run", side, "--model", args.model, "--out-json",
-                                      out_json], check=True, env=env)
+                                      out_json, *(["--bf16"] if args.bf16 else [])], check=True, env=env)
                 runs.append(json.loads(Path(out_json).read_text()))
                 print(f"{side} run {repeat + 1}: {runs[-1]['seconds']} s per iteration, {runs[-1]['peak_gb']:.2f} GB")
     report(runs, ROOT / args.out, "python benchmarks/trl_side_by_side.py " + " ".join(sys.argv[1:]))

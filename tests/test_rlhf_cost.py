@@ -2,6 +2,7 @@
 (medians after the first iteration, worked out by hand), the tokenizer it builds, and its argument errors."""
 
 import importlib.util
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -217,3 +218,36 @@ def test_trl_side_by_side_report_by_hand():
     assert "## Reward model" in text and "## DPO" not in text and "| reward_model_gpt2.py | bf16 | 2.00 |" in text
     assert "| TRL 1.16.0 RewardTrainer | bf16 (TRL's default) | 4.00 |" in text
     assert "- ours in bf16 against TRL at its defaults: 2.00x as fast" in text
+
+
+def load_trl_side_by_side():
+    spec = importlib.util.spec_from_file_location("trl_side_by_side", ROOT / "benchmarks" / "trl_side_by_side.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_ppo_against_trl_runs_ours_in_bf16_and_reports_what_each_side_computed_in(tmp_path, tiny):
+    side = load_trl_side_by_side()
+    policy = tmp_path / "policy"
+    shutil.copytree(tiny["policy"], policy)
+    ours = side.run_ours(str(policy), bf16=True)  # a real run: one end per iteration, its reward model made once
+    assert ours["bf16"] and len(ours["ends"]) == side.ITERATIONS and (tmp_path / "policy-rm").is_dir()
+
+    def run(s, seconds, **extra):
+        return {"side": s, "seconds": seconds, "peak_gb": 1.0, "torch": "t", "transformers": "x", "python": "3",
+                "rollout": [1.0], "update": [2.0], **extra}
+
+    trl = dict(trl="1.12.0", config_bf16=True, gradient_checkpointing=False)
+    side.report([run("ours", [2.0, 4.0], bf16=True), run("trl", [5.0], logits_dtypes=["torch.float32"], **trl),
+                 run("ours", [3.0], bf16=True), run("trl", [7.0], logits_dtypes=["torch.float32"], **trl)],
+                tmp_path / "page", "python x")
+    page = (tmp_path / "page.md").read_text()
+    assert "| ppo_rlhf_gpt2.py, bf16 (--bf16) | 3.0 | 2.0-4.0 | 3.0, 3.0 |" in page
+    assert "| TRL 1.12.0 PPOTrainer, fp32 (config bf16=True) | 6.0 | 5.0-7.0 | 5.0, 7.0 |" in page
+    # TRL's logits in bf16 mean autocast was on; a run from before these fields existed says so
+    assert side.precision(run("trl", [1.0], logits_dtypes=["torch.bfloat16", "torch.float32"], trl="1",
+                              config_bf16=True, gradient_checkpointing=True)) == \
+        "bf16 autocast, gradient checkpointing (config bf16=True)"
+    assert side.precision(run("trl", [1.0], trl="1")) == "its defaults, not recorded"
+    assert side.precision(run("ours", [1.0])) == "fp32"
