@@ -144,22 +144,16 @@ def run_trl(method: str, model: str, preferences: str, precision: str) -> dict:
             trainer = trl.GRPOTrainer(model=model, reward_funcs=length_reward, args=config,
                                       train_dataset=Dataset.from_dict({"prompt": list(PROMPTS)}),
                                       processing_class=tokenizer, callbacks=[StepEnds()])
-        elif method == "rm":
+        else:  # DPO and the reward model: the same comparisons, sizes and call, each its own trainer
+            Config, Trainer = (trl.RewardConfig, trl.RewardTrainer) if method == "rm" else (trl.DPOConfig,
+                                                                                           trl.DPOTrainer)
             rows = [json.loads(line) for line in Path(preferences).read_text().splitlines()]
             data = Dataset.from_list([{k: r[k] for k in ("prompt", "chosen", "rejected")} for r in rows])
-            config = trl.RewardConfig(output_dir=output_dir, per_device_train_batch_size=DPO["micro"],
-                                      gradient_accumulation_steps=DPO["batch"] // DPO["micro"],
-                                      max_length=DPO["max_length"], **common)
-            trainer = trl.RewardTrainer(model=model, args=config, train_dataset=data, processing_class=tokenizer,
-                                        callbacks=[StepEnds()])
-        else:
-            rows = [json.loads(line) for line in Path(preferences).read_text().splitlines()]
-            data = Dataset.from_list([{k: r[k] for k in ("prompt", "chosen", "rejected")} for r in rows])
-            config = trl.DPOConfig(output_dir=output_dir, per_device_train_batch_size=DPO["micro"],
-                                   gradient_accumulation_steps=DPO["batch"] // DPO["micro"],
-                                   max_length=DPO["max_length"], **common)
-            trainer = trl.DPOTrainer(model=model, args=config, train_dataset=data, processing_class=tokenizer,
-                                     callbacks=[StepEnds()])
+            config = Config(output_dir=output_dir, per_device_train_batch_size=DPO["micro"],
+                            gradient_accumulation_steps=DPO["batch"] // DPO["micro"], max_length=DPO["max_length"],
+                            **common)
+            trainer = Trainer(model=model, args=config, train_dataset=data, processing_class=tokenizer,
+                              callbacks=[StepEnds()])
         trainer.train()
     return {"ends": StepEnds.ends, "trl": trl.__version__,
             "gradient_checkpointing": bool(config.gradient_checkpointing)}
@@ -205,7 +199,8 @@ def report(runs: list, command: str, model_line: str) -> str:
         if not mine:
             continue
         lines += [f"## {'Reward model' if method == 'rm' else method.upper()}", "",
-                  "| implementation | precision | seconds a step | each run | peak memory GB |", "|---|---|---|---|---|"]
+                  "| implementation | precision | seconds a step | each run | peak memory GB |",
+                  "|---|---|---|---|---|"]
         for side, precision in VARIANTS:
             these = [r for r in mine if r["side"] == side and r["precision"] == precision]
             if not these:

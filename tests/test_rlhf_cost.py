@@ -13,8 +13,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def load():
-    spec = importlib.util.spec_from_file_location("rlhf_cost", ROOT / "benchmarks" / "rlhf_cost.py")
+def load_benchmark(name: str):
+    """benchmarks/NAME.py as a module (the folder is not a package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -25,7 +26,7 @@ def flag(command: list[str], name: str) -> str:
 
 
 def test_each_script_gets_the_task_the_sizes_and_its_own_flags():
-    cost = load()
+    cost = load_benchmark("rlhf_cost")
     cli = SimpleNamespace(task="arithmetic", cuda=True, batch_size=64, response_length=8, iterations=5,
                           ppo_flags="--update-epochs 2", grpo_flags="--beta 0 --num-minibatches 4")
     models, runs = Path("/m"), Path("/r")
@@ -51,7 +52,7 @@ def test_each_script_gets_the_task_the_sizes_and_its_own_flags():
 
 
 def test_the_preference_scripts_train_on_the_copied_comparisons_without_rollout_flags():
-    cost = load()
+    cost = load_benchmark("rlhf_cost")
     cli = SimpleNamespace(task="vader", cuda=False, batch_size=64, response_length=8, iterations=5, ppo_flags="",
                           grpo_flags="--beta 0")
     dpo, rm = (cost.command_of(script, Path("/m"), Path("/r"), cli, "bf16") for script in ("dpo", "rm"))
@@ -64,7 +65,7 @@ def test_the_preference_scripts_train_on_the_copied_comparisons_without_rollout_
 
 
 def test_the_comparisons_copied_fill_two_more_steps_than_timed(tmp_path):
-    cost = load()
+    cost = load_benchmark("rlhf_cost")
     source = tmp_path / "all.jsonl"
     source.write_text("".join(f'{{"i": {i}}}\n' for i in range(1000)))
     cost.write_comparisons(str(source), tmp_path / "part.jsonl", iterations=4)
@@ -75,7 +76,7 @@ def test_the_comparisons_copied_fill_two_more_steps_than_timed(tmp_path):
 
 
 def test_a_step_lasts_from_one_logged_loss_to_the_next_and_shows_no_rollout():
-    cost = load()
+    cost = load_benchmark("rlhf_cost")
     assert cost.step_seconds([100.0, 103.5, 104.0, 110.0]) == [3.5, 0.5, 6.0]
     result = {"rollout": [0.0, 0.0, 0.0], "update": [3.5, 0.5, 6.0], "peak_rss_gb": 1.0, "gpu_mib": 0}
     # the first gap dropped: median of [0.5, 6.0] = 3.25
@@ -83,7 +84,7 @@ def test_a_step_lasts_from_one_logged_loss_to_the_next_and_shows_no_rollout():
 
 
 def test_the_row_is_the_median_of_the_iterations_after_the_first():
-    cost = load()
+    cost = load_benchmark("rlhf_cost")
     result = {"rollout": [9.0, 1.0, 3.0, 2.0], "update": [50.0, 4.0, 6.0, 8.0], "peak_rss_gb": 3.456,
               "gpu_mib": 2048}
     # medians of [1, 3, 2] and [4, 6, 8]: 2 and 6, total 8; 2048 MiB = 2.0 GiB
@@ -93,7 +94,7 @@ def test_the_row_is_the_median_of_the_iterations_after_the_first():
 
 
 def test_the_speedup_is_fp32_s_median_over_bf16_s_per_script():
-    cost = load()
+    cost = load_benchmark("rlhf_cost")
 
     def run(rollout, update):  # the first iteration warms up: never counted
         return {"rollout": [99.0, rollout], "update": [99.0, update], "peak_rss_gb": 1.0, "gpu_mib": 0}
@@ -106,7 +107,7 @@ def test_the_speedup_is_fp32_s_median_over_bf16_s_per_script():
 
 
 def test_the_tokenizer_covers_the_vocabulary_and_ends_with_its_eos():
-    cost = load()
+    cost = load_benchmark("rlhf_cost")
     tokenizer = cost.build_tokenizer(2000)
     assert len(tokenizer) == 2000 and tokenizer.eos_token_id == 1999
     text = "What is 27 + 30? The answer is 57."
@@ -127,9 +128,7 @@ def test_bad_arguments_fail_before_any_model_is_built(argv, message):
 
 
 def test_the_profiled_sampling_step_sees_the_same_cache_each_time_and_training_reaches_every_weight():
-    spec = importlib.util.spec_from_file_location("bf16_profile", ROOT / "benchmarks" / "bf16_profile.py")
-    profile = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(profile)
+    profile = load_benchmark("bf16_profile")
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -143,20 +142,13 @@ def test_the_profiled_sampling_step_sees_the_same_cache_each_time_and_training_r
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
 
 
-def load_trl_grpo_dpo():
-    spec = importlib.util.spec_from_file_location("trl_grpo_dpo", ROOT / "benchmarks" / "trl_grpo_dpo.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_trl_side_by_side_gives_our_scripts_flags_they_accept_at_the_sizes_it_states(tmp_path, tiny):
     import tyro
 
     import dpo_gpt2
     import grpo_gpt2
 
-    side = load_trl_grpo_dpo()
+    side = load_benchmark("trl_grpo_dpo")
     prefs = tmp_path / "p.jsonl"
     prefs.write_text("".join(f'{{"prompt": "p{i % 20}", "chosen": " a", "rejected": " b"}}\n' for i in range(300)))
     args = tyro.cli(grpo_gpt2.Args, args=side.ours_flags("grpo", tiny["policy"], str(prefs), str(tmp_path), "bf16"))
@@ -189,7 +181,7 @@ def test_trl_side_by_side_gives_our_scripts_flags_they_accept_at_the_sizes_it_st
 
 
 def test_trl_side_by_side_report_by_hand():
-    side = load_trl_grpo_dpo()
+    side = load_benchmark("trl_grpo_dpo")
 
     def run(s, precision, seconds, method="grpo", **extra):  # the first gap is the warm-up
         return {"side": s, "method": method, "precision": precision, "seconds": [9.0, *seconds], "peak_gb": 1.0,
@@ -220,15 +212,8 @@ def test_trl_side_by_side_report_by_hand():
     assert "- ours in bf16 against TRL at its defaults: 2.00x as fast" in text
 
 
-def load_trl_side_by_side():
-    spec = importlib.util.spec_from_file_location("trl_side_by_side", ROOT / "benchmarks" / "trl_side_by_side.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_ppo_against_trl_runs_ours_in_bf16_and_reports_what_each_side_computed_in(tmp_path, tiny):
-    side = load_trl_side_by_side()
+    side = load_benchmark("trl_side_by_side")
     policy = tmp_path / "policy"
     shutil.copytree(tiny["policy"], policy)
     ours = side.run_ours(str(policy), bf16=True)  # a real run: one end per iteration, its reward model made once
