@@ -4,6 +4,8 @@ settings and budget, run alternately in fresh processes.
     git clone https://github.com/vwxyzjn/cleanrl ../cleanrl   # tested at fe8d8a03
     pip install opencv-python-headless        # CleanRL's ResizeObservation needs cv2; ppo_atari.py does not
     python benchmarks/cleanrl_atari_speed.py --cleanrl ../cleanrl --env-id ALE/Pong-v5 --steps 8192 --rounds 2
+    python benchmarks/cleanrl_atari_speed.py --cleanrl ../cleanrl --env-id ALE/Pong-v5 --steps 10000000 \
+        --learn runs_cleanrl     # one learning run of CleanRL's file alone (stop it with Ctrl-C)
 
 CleanRL's file is written for gymnasium 0.29. It is copied, with its `cleanrl_utils/atari_wrappers.py`, into a
 temporary folder and changed in the fewest lines that make it run on this project's gymnasium 1.x and ale-py
@@ -18,8 +20,14 @@ wall seconds since then), and the process's CPU seconds per 1,000 agent steps (s
 
 Under gymnasium 1.x CleanRL's file also differs in what it does, not only in speed: the vector environments
 reset on the step after an episode ends (1.x's default), so it takes that step's ignored action and zero reward
-as a transition, and it reads `final_info`, which 1.x does not give, so it logs no episodic return. The report
-says whether its runs logged any.
+as a transition, and it reads `final_info` as 0.29's list of dicts, which 1.x does not give, so it logs no
+episodic return. The report says whether its runs logged any.
+
+--learn DIR runs CleanRL's file once, for its learning curve: --steps is its --total-timesteps (so 10000000 is
+its own learning-rate schedule), its runs and printed output go to DIR, on one CPU thread. For that, two more
+changes (LEARN_PATCHES) make it learn and log as under gymnasium 0.29: the vector environment resets in the step
+that ends an episode (0.29's autoreset), and the game scores are read from 1.x's `final_info` (a dict of arrays).
+Read its scores with `python benchmarks/atari_scores.py DIR/runs/<run>`.
 """
 
 import argparse
@@ -42,6 +50,24 @@ PATCHES = {
     ],
     "cleanrl_utils/atari_wrappers.py": [],
 }
+LEARN_PATCHES = [  # --learn only: 0.29's autoreset, and the scores read where 1.x puts them
+    ("        [make_env(args.env_id, i, args.capture_video, run_name) for i in range(args.num_envs)],\n    )",
+     "        [make_env(args.env_id, i, args.capture_video, run_name) for i in range(args.num_envs)],\n"
+     "        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,\n    )"),
+    ("""            if "final_info" in infos:
+                for info in infos["final_info"]:
+                    if info and "episode" in info:
+                        print(f"global_step={global_step}, episodic_return={info['episode']['r']}")
+                        writer.add_scalar("charts/episodic_return", info["episode"]["r"], global_step)
+                        writer.add_scalar("charts/episodic_length", info["episode"]["l"], global_step)
+""", """            if "final_info" in infos and "episode" in infos["final_info"]:
+                final = infos["final_info"]
+                for i in np.flatnonzero(final["_episode"]):
+                    print(f"global_step={global_step}, episodic_return={final['episode']['r'][i]}")
+                    writer.add_scalar("charts/episodic_return", final["episode"]["r"][i], global_step)
+                    writer.add_scalar("charts/episodic_length", final["episode"]["l"][i], global_step)
+"""),
+]
 
 
 def patched(text: str, patches: list[tuple[str, str]], name: str) -> str:
@@ -54,9 +80,11 @@ def patched(text: str, patches: list[tuple[str, str]], name: str) -> str:
     return text
 
 
-def copy_cleanrl(cleanrl: Path, folder: Path) -> Path:
-    """CleanRL's ppo_atari.py and its wrappers, patched, in folder; returns the script's path."""
+def copy_cleanrl(cleanrl: Path, folder: Path, learn: bool = False) -> Path:
+    """CleanRL's ppo_atari.py and its wrappers, patched (learn: LEARN_PATCHES too), in folder; returns the
+    script's path."""
     for name, patches in PATCHES.items():
+        patches = patches + LEARN_PATCHES if learn and name == "cleanrl/ppo_atari.py" else patches
         source = cleanrl / name
         if not source.is_file():
             raise SystemExit(f"error: --cleanrl {cleanrl} has no {name}: give the root of a CleanRL checkout")
@@ -114,6 +142,20 @@ def time_run(side: str, script: Path, env_id: str, steps: int, folder: Path, cud
     return dict(side=side, sps=sps, cpu_per_1k=1000 * cpu / steps, wall=wall, returns=returns)
 
 
+def learning_run(script: Path, env_id: str, steps: int, folder: Path) -> int:
+    """--learn: one run of CleanRL's patched file in folder (runs/ and stdout.log), in the foreground."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    folder.mkdir(parents=True, exist_ok=True)
+    command = commands("cleanrl", script, env_id, steps, folder / "runs")
+    print(f"CleanRL's file learning in {folder} (output in stdout.log):", " ".join(command[1:]), flush=True)
+    with open(folder / "stdout.log", "a") as log:
+        try:
+            return subprocess.run(command, cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+        except KeyboardInterrupt:  # the run got the Ctrl-C too; its TensorBoard file has what it flushed
+            print(f"interrupted: the run's scores so far are in {folder / 'runs'}", file=sys.stderr)
+            raise SystemExit(130) from None
+
+
 def report(rows: list[dict], env_id: str, steps: int, device: str = "the CPU") -> list[str]:
     """The markdown table: each side's runs, their median SPS and CPU seconds per 1,000 steps."""
     lines = [f"{env_id}, {steps} agent steps a run, one torch thread, on {device}, alternating runs:", "",
@@ -137,8 +179,11 @@ def main(argv=None) -> list[str]:
     parser.add_argument("--steps", type=int, default=8192, help="agent steps a run (whole iterations of 1,024)")
     parser.add_argument("--rounds", type=int, default=2, help="runs of each file, alternating")
     parser.add_argument("--cuda", action="store_true", help="train both on the GPU (default: the CPU)")
+    parser.add_argument("--learn", metavar="DIR", help="instead: one learning run of CleanRL's file, in DIR")
     args = parser.parse_args(argv)
-    if args.steps < 1024 or args.steps % 1024 or args.rounds < 1:
+    if args.learn and (args.steps < 1024 or args.cuda):
+        parser.error("--learn runs CleanRL's file on the CPU for --steps (its --total-timesteps, at least 1024)")
+    if not args.learn and (args.steps < 1024 or args.steps % 1024 or args.rounds < 1):
         parser.error("--steps must be a positive multiple of 1024 (8 envs x 128 steps) and --rounds at least 1")
     cleanrl_env_id(args.env_id)
     check = subprocess.run([sys.executable, "-c", "import cv2"], capture_output=True)
@@ -148,6 +193,13 @@ def main(argv=None) -> list[str]:
     if args.cuda and subprocess.run([sys.executable, "-c", "import torch; assert torch.cuda.is_available()"],
                                     capture_output=True).returncode != 0:
         raise SystemExit("error: --cuda: torch sees no CUDA GPU here; leave --cuda out to time both on the CPU")
+    if args.learn:
+        folder = Path(args.learn).resolve()
+        script = copy_cleanrl(Path(args.cleanrl), folder / "cleanrl", learn=True)
+        returncode = learning_run(script, args.env_id, args.steps, folder)
+        if returncode != 0:
+            raise SystemExit(f"error: CleanRL's run failed (exit status {returncode}); see {folder / 'stdout.log'}")
+        return [f"CleanRL's run ended; its scores: python benchmarks/atari_scores.py {folder / 'runs'}/<run>"]
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         scripts = {"ours": ROOT / "ppo_atari.py", "cleanrl": copy_cleanrl(Path(args.cleanrl), tmp / "cleanrl")}

@@ -2,8 +2,11 @@ import ast
 import dataclasses
 import importlib.util
 import inspect
+import json
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import gymnasium as gym
@@ -577,6 +580,56 @@ def test_cleanrl_speed_benchmark_patches_only_its_lines_and_reads_each_run(tmp_p
     assert lines[-1].endswith(": 2.00x")
     with pytest.raises(SystemExit):
         speed.main(["--cleanrl", str(tmp_path), "--steps", "1000"])
+
+
+def test_cleanrl_learning_run_resets_in_the_same_step_and_logs_every_game_s_score(tmp_path):
+    speed = load_benchmark("cleanrl_atari_speed")
+    # a stand-in whose vector env and logging are CleanRL's lines verbatim, on CartPole under gymnasium 1.x
+    (tmp_path / "cleanrl").mkdir()
+    (tmp_path / "cleanrl_utils").mkdir()
+    (tmp_path / "cleanrl_utils" / "atari_wrappers.py").write_text("")
+    (envs_lines, _), (logging_lines, _) = speed.LEARN_PATCHES
+    script = ("import json, sys\nimport gymnasium as gym\nimport numpy as np\n"
+              "from torch.utils.tensorboard import SummaryWriter\n"
+              "def unused(env):  # the speed patches' lines\n"
+              "    env = gym.wrappers.GrayScaleObservation(env)\n    return gym.wrappers.FrameStack(env, 4)\n"
+              "def make_env(env_id, idx, capture_video, run_name):\n"
+              "    halved = lambda: gym.wrappers.TransformReward(gym.make(env_id), lambda r: r / 2)\n"
+              "    return lambda: gym.wrappers.RecordEpisodeStatistics(halved())  # a score is not a length\n"
+              "def main(args, run_name, writer):\n"
+              "    envs = gym.vector.SyncVectorEnv(\n" + envs_lines + "\n"
+              "    envs.reset(seed=0)\n    sums, games = np.zeros(args.num_envs), []\n"
+              "    for iteration, global_step in enumerate(range(0, 600, args.num_envs)):\n"
+              "        for step in range(1):\n"
+              "            next_obs, reward, terminations, truncations, infos = envs.step(envs.action_space.sample())\n"
+              "            sums += reward\n"
+              "            for i in np.flatnonzero(terminations | truncations):\n"
+              "                games.append([global_step, sums[i]])\n"
+              "                sums[i] = 0\n" + logging_lines +
+              "    writer.close()\n    print(json.dumps(games))\n"
+              "class Args:\n    env_id, capture_video, num_envs = 'CartPole-v1', False, 3\n"
+              "main(Args, 'r', SummaryWriter(sys.argv[1]))\n")
+    (tmp_path / "cleanrl" / "ppo_atari.py").write_text(script.replace("FrameStack(", "Stack("))
+    with pytest.raises(SystemExit, match="0 copies of 'gym.wrappers.FrameStack"):
+        speed.copy_cleanrl(tmp_path, tmp_path / "copy", learn=True)  # the speed patches are still required
+    (tmp_path / "cleanrl" / "ppo_atari.py").write_text(script)
+    assert speed.copy_cleanrl(tmp_path, tmp_path / "plain").read_text().count("AutoresetMode") == 0
+    patched = speed.copy_cleanrl(tmp_path, tmp_path / "copy", learn=True)
+    assert "autoreset_mode=gym.vector.AutoresetMode.SAME_STEP" in patched.read_text()
+    done = subprocess.run([sys.executable, str(patched), str(tmp_path / "tb")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    # every game the stand-in counted itself, reward by reward, is logged once, at its step, with its score
+    games = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(games) >= 10 and {score for _, score in games} != {games[0][1]}
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0})
+    events.Reload()
+    logged = sorted((e.step, e.value) for e in events.Scalars("charts/episodic_return"))
+    assert logged == sorted((step, score) for step, score in games)
+    # --learn: CleanRL's own schedule (any --steps), its runs in the folder given; not on the GPU
+    for bad in (["--steps", "512"], ["--steps", "1024", "--cuda"]):
+        with pytest.raises(SystemExit):
+            speed.main(["--cleanrl", str(tmp_path), "--learn", str(tmp_path / "l"), *bad])
 
 
 def test_atari_scores_counts_each_game_once_across_a_resume(tmp_path):
