@@ -6,6 +6,7 @@ settings and budget, run alternately in fresh processes.
     python benchmarks/cleanrl_atari_speed.py --cleanrl ../cleanrl --env-id ALE/Pong-v5 --steps 8192 --rounds 2
     python benchmarks/cleanrl_atari_speed.py --cleanrl ../cleanrl --env-id ALE/Pong-v5 --steps 10000000 \
         --learn runs_cleanrl     # one learning run of CleanRL's file alone (stop it with Ctrl-C)
+    python benchmarks/cleanrl_atari_speed.py --cleanrl ../cleanrl --env-id ALE/Pong-v5 --compare-envs 3000
 
 CleanRL's file is written for gymnasium 0.29. It is copied, with its `cleanrl_utils/atari_wrappers.py`, into a
 temporary folder and changed in the fewest lines that make it run on this project's gymnasium 1.x and ale-py
@@ -28,6 +29,10 @@ its own learning-rate schedule), its runs and printed output go to DIR, on one C
 changes (LEARN_PATCHES) make it learn and log as under gymnasium 0.29: the vector environment resets in the step
 that ends an episode (0.29's autoreset), and the game scores are read from 1.x's `final_info` (a dict of arrays).
 Read its scores with `python benchmarks/atari_scores.py DIR/runs/<run>`.
+
+--compare-envs N steps ppo_atari.py's environment and CleanRL's (its make_env, from the patched file), one each,
+seeded alike, with the same N random actions, and reports the steps whose learning reward or episode end differ,
+and how far the frames the agents see differ (the largest pixel difference of each step, 0-255).
 """
 
 import argparse
@@ -156,6 +161,38 @@ def learning_run(script: Path, env_id: str, steps: int, folder: Path) -> int:
             raise SystemExit(130) from None
 
 
+def compare_envs(script: Path, env_id: str, steps: int, seed: int = 3) -> dict:
+    """--compare-envs: ppo_atari.py's env against the make_env of CleanRL's file at `script` (its text up to
+    its first network function: imports, Args, make_env; its training is not run), stepped together."""
+    sys.path[:0] = [str(ROOT), str(script.parent)]  # ppo_atari; CleanRL's cleanrl_utils
+    try:
+        import ppo_atari
+        scope = {"__name__": "cleanrl_ppo_atari", "__file__": str(script)}
+        exec(script.read_text().split("\ndef layer_init")[0], scope)
+    finally:
+        del sys.path[:2]
+    import numpy as np
+    ours, theirs = ppo_atari.make_env(env_id)(), scope["make_env"](cleanrl_env_id(env_id), 0, False, "compare")()
+    actions = np.random.default_rng(seed).integers(ours.action_space.n, size=steps)
+    ours.reset(seed=seed)
+    theirs.reset(seed=seed)
+    differ, frame_diffs, ends, far_at_ends = 0, [], 0, 0
+    for action in actions:
+        *mine, _ = ours.step(int(action))
+        *other, _ = theirs.step(int(action))
+        frame_diffs.append(int(np.abs(np.asarray(mine[0], int) - np.asarray(other[0], int)).max()))
+        differ += tuple(mine[1:]) != tuple(other[1:])  # (reward, terminated, truncated)
+        if mine[2] or mine[3]:
+            ends += 1
+            far_at_ends += frame_diffs[-1] > 40
+            ours.reset()
+            theirs.reset()
+    ours.close()
+    theirs.close()
+    return dict(steps=steps, ends=ends, differ=differ, median=float(np.median(frame_diffs)), max=max(frame_diffs),
+                over_40=sum(d > 40 for d in frame_diffs), over_40_at_ends=far_at_ends)
+
+
 def report(rows: list[dict], env_id: str, steps: int, device: str = "the CPU") -> list[str]:
     """The markdown table: each side's runs, their median SPS and CPU seconds per 1,000 steps."""
     lines = [f"{env_id}, {steps} agent steps a run, one torch thread, on {device}, alternating runs:", "",
@@ -180,7 +217,10 @@ def main(argv=None) -> list[str]:
     parser.add_argument("--rounds", type=int, default=2, help="runs of each file, alternating")
     parser.add_argument("--cuda", action="store_true", help="train both on the GPU (default: the CPU)")
     parser.add_argument("--learn", metavar="DIR", help="instead: one learning run of CleanRL's file, in DIR")
+    parser.add_argument("--compare-envs", type=int, metavar="N", help="instead: both files' envs for N steps")
     args = parser.parse_args(argv)
+    if args.compare_envs is not None and args.compare_envs < 1:
+        parser.error("--compare-envs N: N is the steps to compare, at least 1")
     if args.learn and (args.steps < 1024 or args.cuda):
         parser.error("--learn runs CleanRL's file on the CPU for --steps (its --total-timesteps, at least 1024)")
     if not args.learn and (args.steps < 1024 or args.steps % 1024 or args.rounds < 1):
@@ -193,6 +233,15 @@ def main(argv=None) -> list[str]:
     if args.cuda and subprocess.run([sys.executable, "-c", "import torch; assert torch.cuda.is_available()"],
                                     capture_output=True).returncode != 0:
         raise SystemExit("error: --cuda: torch sees no CUDA GPU here; leave --cuda out to time both on the CPU")
+    if args.compare_envs:
+        with tempfile.TemporaryDirectory() as tmp:
+            c = compare_envs(copy_cleanrl(Path(args.cleanrl), Path(tmp)), args.env_id, args.compare_envs)
+        lines = [f"{args.env_id}, {c['steps']} steps of the same random actions, {c['ends']} learning episodes "
+                 f"ended: {c['differ']} steps with a different reward or episode end; the largest pixel "
+                 f"difference of a step's frames: median {c['median']:.0f}, most {c['max']}, over 40 in "
+                 f"{c['over_40']} steps ({c['over_40_at_ends']} of them an episode's last)"]
+        print(lines[0])
+        return lines
     if args.learn:
         folder = Path(args.learn).resolve()
         script = copy_cleanrl(Path(args.cleanrl), folder / "cleanrl", learn=True)

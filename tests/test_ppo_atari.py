@@ -627,9 +627,37 @@ def test_cleanrl_learning_run_resets_in_the_same_step_and_logs_every_game_s_scor
     logged = sorted((e.step, e.value) for e in events.Scalars("charts/episodic_return"))
     assert logged == sorted((step, score) for step, score in games)
     # --learn: CleanRL's own schedule (any --steps), its runs in the folder given; not on the GPU
-    for bad in (["--steps", "512"], ["--steps", "1024", "--cuda"]):
+    for bad in (["--steps", "512"], ["--steps", "1024", "--cuda"], ["--compare-envs", "0"]):
         with pytest.raises(SystemExit):
             speed.main(["--cleanrl", str(tmp_path), "--learn", str(tmp_path / "l"), *bad])
+
+
+def test_compare_envs_reports_each_step_s_reward_and_frame_difference(tmp_path):
+    speed = load_benchmark("cleanrl_atari_speed")
+    # stand-ins for CleanRL's file: its make_env, here ppo_atari's own env with known changes, then its networks
+    stand_in = ("import gymnasium as gym\nimport numpy as np\nimport ppo_atari\n"
+                "def make_env(env_id, idx, capture_video, run_name):\n"
+                "    assert env_id.endswith('NoFrameskip-v4'), env_id\n"
+                "    def thunk():\n"
+                "        env = ppo_atari.make_env('ALE/' + env_id[: -len('NoFrameskip-v4')] + '-v5')()\n"
+                "        CHANGES\n"
+                "    return thunk\n"
+                "def layer_init(layer):\n    raise AssertionError('the training part is not run')\n")
+    same = tmp_path / "same.py"
+    same.write_text(stand_in.replace("CHANGES", "return env"))
+    changed = tmp_path / "changed.py"
+    changed.write_text(stand_in.replace("CHANGES", "env = gym.wrappers.TransformReward(env, lambda r: r + 1)\n"
+                                        "        return gym.wrappers.TransformObservation(env, lambda o: "
+                                        "np.minimum(o, 250) + 5, env.observation_space)"))
+    path = list(sys.path)
+    assert speed.compare_envs(same, "ALE/Pong-v5", 150) == dict(
+        steps=150, ends=0, differ=0, median=0.0, max=0, over_40=0, over_40_at_ends=0)
+    assert speed.compare_envs(changed, "ALE/Pong-v5", 150) == dict(
+        steps=150, ends=0, differ=150, median=5.0, max=5, over_40=0, over_40_at_ends=0)
+    # Breakout's lost lives end learning episodes: both envs are reset there and stay in step
+    breakout = speed.compare_envs(same, "ALE/Breakout-v5", 200)
+    assert breakout["ends"] >= 2 and breakout["differ"] == breakout["max"] == 0
+    assert sys.path == path
 
 
 def test_atari_scores_counts_each_game_once_across_a_resume(tmp_path):
