@@ -2,6 +2,10 @@
 the games that ended in each span of agent steps, with a 95% t-interval over those games.
 
     python benchmarks/atari_scores.py docs/results/ppo_atari_runs/pong_cpu_seed1 --bin 100000 --plot pong.png
+    python benchmarks/atari_scores.py RUN --against OTHER_RUN --labels ours CleanRL --scalars losses/entropy
+
+--against puts a second run (CleanRL's file logs the same tags) beside the first, in the table and the figure;
+--scalars adds, per span, the mean of training scalars each run logs once an iteration.
 
 A run resumed from a checkpoint (`--resume`) writes a second events file into its folder and logs again the
 steps between its checkpoint and the point where it was stopped. Each file's points are kept only below the
@@ -67,18 +71,41 @@ def table(points: list[tuple[int, float]], bin_size: int) -> list[str]:
     return lines
 
 
-def plot(points: list[tuple[int, float]], bin_size: int, title: str, path: str) -> None:
-    """The learning-curve figure: every game's score as a dot, the table's means with their intervals."""
+def side_by_side(runs: dict[str, list[tuple[int, float]]], bin_size: int, fmt: str = "{mean:.1f} ± {half:.1f}",
+                 what: str = "mean game score ± 95% t (games)") -> list[str]:
+    """A markdown table of several runs' points per span of bin_size steps, up to the shortest run's last step;
+    each cell the mean ± its 95% t over the points in the span, with their count."""
+    last = min(max(s for s, _ in points) for points in runs.values())
+    rows = {name: {start: row for start, *row in bins([p for p in points if p[0] <= last], bin_size)}
+            for name, points in runs.items()}
+    lines = ["| steps | " + " | ".join(f"{name}: {what}" for name in runs) + " |", "|---" * (len(runs) + 1) + "|"]
+    for start in range(0, last + 1, bin_size):
+        cells = []
+        for name in runs:
+            row = rows[name].get(start)
+            cells.append(fmt.format(mean=row[2], half=row[3]) + f" ({row[1]})" if row else "-")
+        lines.append(f"| {start / 1000:g}k-{min(start + bin_size, last) / 1000:g}k | " + " | ".join(cells) + " |")
+    return lines
+
+
+def plot(runs: dict[str, list[tuple[int, float]]], bin_size: int, title: str, path: str) -> None:
+    """The learning-curve figure: every game's score as a dot, the table's means with their intervals (one
+    colour a run; black where there is one)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.scatter([s for s, _ in points], [v for _, v in points], s=4, alpha=0.3, label="one game")
-    rows = [row for row in bins(points, bin_size) if row[2] > 1]
-    ax.errorbar([start + bin_size / 2 for start, *_ in rows], [row[3] for row in rows],
-                yerr=[row[4] for row in rows], color="black", capsize=3, label=f"mean per {bin_size:,} steps, 95% t")
+    for i, (name, points) in enumerate(runs.items()):
+        color = "black" if len(runs) == 1 else f"C{i}"
+        label = "" if len(runs) == 1 else f"{name}: "
+        ax.scatter([s for s, _ in points], [v for _, v in points], s=4, alpha=0.3, color=f"C{i}",
+                   label=f"{label}one game")
+        rows = [row for row in bins(points, bin_size) if row[2] > 1]
+        ax.errorbar([start + bin_size / 2 for start, *_ in rows], [row[3] for row in rows],
+                    yerr=[row[4] for row in rows], color=color, capsize=3,
+                    label=f"{label}mean per {bin_size:,} steps, 95% t")
     ax.set_xlabel("agent steps (4 frames each)")
     ax.set_ylabel("game score (all lives, unclipped)")
     ax.set_title(title)
@@ -94,18 +121,32 @@ def main(argv=None) -> list[str]:
     parser.add_argument("--bin", type=int, default=100_000, help="agent steps a row")
     parser.add_argument("--plot", help="also write the learning-curve figure to this .png")
     parser.add_argument("--title", default="", help="the figure's title")
+    parser.add_argument("--against", help="a second run folder, put beside the first")
+    parser.add_argument("--labels", nargs=2, default=("first", "second"), help="the two runs' names (--against)")
+    parser.add_argument("--scalars", nargs="+", default=[], help="training scalars (tags) to average per span")
     args = parser.parse_args(argv)
     if args.bin < 1:
         parser.error("--bin must be at least 1")
-    points = scores(Path(args.run_dir))
-    if not points:
-        raise SystemExit(f"error: {args.run_dir} logged no game score yet")
-    lines = table(points, args.bin)
-    first, last = [v for _, v in points[:100]], [v for _, v in points[-100:]]
-    lines += ["", f"{len(points)} games to step {points[-1][0]}; the first {len(first)}: "
-              f"{statistics.mean(first):.1f}, the last {len(last)}: {statistics.mean(last):.1f}"]
-    if args.plot:
-        plot(points, args.bin, args.title, args.plot)
+    folders = {args.labels[0]: Path(args.run_dir), **({args.labels[1]: Path(args.against)} if args.against else {})}
+    runs = {name: scores(folder) for name, folder in folders.items()}
+    for name, points in runs.items():
+        if not points:
+            raise SystemExit(f"error: {folders[name]} logged no game score yet")
+    lines = table(runs[args.labels[0]], args.bin) if len(runs) == 1 else side_by_side(runs, args.bin)
+    for name, points in runs.items():
+        first, last = [v for _, v in points[:100]], [v for _, v in points[-100:]]
+        lines += ["", f"{name if args.against else ''}{': ' if args.against else ''}{len(points)} games to step "
+                  f"{points[-1][0]}; the first {len(first)}: {statistics.mean(first):.1f}, the last {len(last)}: "
+                  f"{statistics.mean(last):.1f}"]
+    for tag in args.scalars:
+        values = {name: scores(folder, tag) for name, folder in folders.items()}
+        if not all(values.values()):
+            raise SystemExit(f"error: --scalars {tag}: not logged by every run")
+        lines += ["", *side_by_side(values, args.bin, "{mean:.3g} ± {half:.2g}", f"{tag}, mean ± 95% t (iterations)")]
+    if args.plot:  # two runs: both up to the shorter one's last step
+        last = min(points[-1][0] for points in runs.values())
+        plot({name: [p for p in points if p[0] <= last] for name, points in runs.items()}, args.bin, args.title,
+             args.plot)
     print("\n".join(lines))
     return lines
 

@@ -687,3 +687,29 @@ def test_atari_scores_counts_each_game_once_across_a_resume(tmp_path):
     assert printed[-1] == "5 games to step 4000; the first 5: -17.6, the last 5: -17.6"
     with pytest.raises(SystemExit, match="no TensorBoard events file"):
         scores.scores(tmp_path / "empty")
+
+
+def test_atari_scores_puts_two_runs_and_their_training_scalars_side_by_side(tmp_path):
+    scores = load_benchmark("atari_scores")
+    from torch.utils.tensorboard import SummaryWriter
+    for name, games, entropies in (
+            ("ours", ((500, -21), (1500, -19), (2500, -10), (3500, -8)), (1.8, 1.6, 1.4, 1.2)),
+            ("theirs", ((700, -20), (1200, -20), (2100, -15)), (1.7, 1.5, 1.5))):
+        writer = SummaryWriter(str(tmp_path / name))
+        for step, score in games:
+            writer.add_scalar("charts/episodic_return", score, step)
+        for i, entropy in enumerate(entropies):
+            writer.add_scalar("losses/entropy", entropy, 1024 * (i + 1))
+        writer.close()
+    printed = scores.main([str(tmp_path / "ours"), "--against", str(tmp_path / "theirs"), "--labels", "A", "B",
+                           "--bin", "2000", "--scalars", "losses/entropy", "--plot", str(tmp_path / "two.png")])
+    # up to the shorter run's last game (2,100): 0-2k A -21, -19 (sd 1.414, t(1) 12.71: ± 12.7), B -20, -20
+    assert printed[2:4] == ["| 0k-2k | -20.0 ± 12.7 (2) | -20.0 ± 0.0 (2) |", "| 2k-2.1k | - | -15.0 ± 0.0 (1) |"]
+    assert printed[5] == "A: 4 games to step 3500; the first 4: -14.5, the last 4: -14.5"
+    assert printed[7] == "B: 3 games to step 2100; the first 3: -18.3, the last 3: -18.3"
+    # entropy up to step 3,072: 0-2k one iteration each; 2k-3.072k A 1.6, 1.4 (± 12.71 x 0.1 = 1.3), B 1.5, 1.5
+    assert printed[9].startswith("| steps | A: losses/entropy, mean ± 95% t (iterations) | B: losses/entropy")
+    assert printed[11:] == ["| 0k-2k | 1.8 ± 0 (1) | 1.7 ± 0 (1) |", "| 2k-3.072k | 1.5 ± 1.3 (2) | 1.5 ± 0 (2) |"]
+    assert (tmp_path / "two.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(SystemExit, match="--scalars losses/clipfrac: not logged by every run"):
+        scores.main([str(tmp_path / "ours"), "--against", str(tmp_path / "theirs"), "--scalars", "losses/clipfrac"])
