@@ -122,17 +122,21 @@ def main(argv=None) -> list[str]:
     parser.add_argument("--plot", help="also write the learning-curve figure to this .png")
     parser.add_argument("--title", default="", help="the figure's title")
     parser.add_argument("--against", help="a second run folder, put beside the first")
-    parser.add_argument("--labels", nargs=2, default=("first", "second"), help="the two runs' names (--against)")
+    parser.add_argument("--labels", nargs=2, help="the two runs' names (default: their folders' names)")
     parser.add_argument("--scalars", nargs="+", default=[], help="training scalars (tags) to average per span")
     args = parser.parse_args(argv)
     if args.bin < 1:
         parser.error("--bin must be at least 1")
-    folders = {args.labels[0]: Path(args.run_dir), **({args.labels[1]: Path(args.against)} if args.against else {})}
+    paths = [Path(args.run_dir)] + ([Path(args.against)] if args.against else [])
+    labels = args.labels or [path.name for path in paths]
+    if len(set(labels)) < len(paths):
+        labels = ["first", "second"]
+    folders = dict(zip(labels, paths))
     runs = {name: scores(folder) for name, folder in folders.items()}
     for name, points in runs.items():
         if not points:
             raise SystemExit(f"error: {folders[name]} logged no game score yet")
-    lines = table(runs[args.labels[0]], args.bin) if len(runs) == 1 else side_by_side(runs, args.bin)
+    lines = table(runs[labels[0]], args.bin) if len(runs) == 1 else side_by_side(runs, args.bin)
     for name, points in runs.items():
         first, last = [v for _, v in points[:100]], [v for _, v in points[-100:]]
         lines += ["", f"{name if args.against else ''}{': ' if args.against else ''}{len(points)} games to step "

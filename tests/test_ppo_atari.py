@@ -713,3 +713,6 @@ def test_atari_scores_puts_two_runs_and_their_training_scalars_side_by_side(tmp_
     assert (tmp_path / "two.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(SystemExit, match="--scalars losses/clipfrac: not logged by every run"):
         scores.main([str(tmp_path / "ours"), "--against", str(tmp_path / "theirs"), "--scalars", "losses/clipfrac"])
+    # without --labels, each run is named by its folder
+    named = scores.main([str(tmp_path / "ours"), "--against", str(tmp_path / "theirs"), "--bin", "2000"])
+    assert named[0] == "| steps | ours: mean game score ± 95% t (games) | theirs: mean game score ± 95% t (games) |"
