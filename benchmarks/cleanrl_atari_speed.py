@@ -248,7 +248,9 @@ def main(argv=None) -> list[str]:
         returncode = learning_run(script, args.env_id, args.steps, folder)
         if returncode != 0:
             raise SystemExit(f"error: CleanRL's run failed (exit status {returncode}); see {folder / 'stdout.log'}")
-        return [f"CleanRL's run ended; its scores: python benchmarks/atari_scores.py {folder / 'runs'}/<run>"]
+        lines = [f"CleanRL's run ended; its scores: python benchmarks/atari_scores.py {folder / 'runs'}/<run>"]
+        print(lines[0])
+        return lines
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         scripts = {"ours": ROOT / "ppo_atari.py", "cleanrl": copy_cleanrl(Path(args.cleanrl), tmp / "cleanrl")}
