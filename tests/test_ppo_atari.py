@@ -626,6 +626,13 @@ def test_cleanrl_learning_run_resets_in_the_same_step_and_logs_every_game_s_scor
     events.Reload()
     logged = sorted((e.step, e.value) for e in events.Scalars("charts/episodic_return"))
     assert logged == sorted((step, score) for step, score in games)
+    # the run: CleanRL's flags for the game and budget, one thread, in the folder given, its output logged there
+    echo = tmp_path / "echo.py"
+    echo.write_text("import json, os, sys\nprint(json.dumps([sys.argv[1:], os.getcwd(), os.environ['OMP_NUM_THREADS']]))\n")
+    assert speed.learning_run(echo, "ALE/Pong-v5", 3000, tmp_path / "learn") == 0
+    assert json.loads((tmp_path / "learn" / "stdout.log").read_text()) == [
+        ["--env-id", "PongNoFrameskip-v4", "--total-timesteps", "3000", "--no-cuda", "--seed", "1"],
+        str(tmp_path / "learn"), "1"]
     # --learn: CleanRL's own schedule (any --steps), its runs in the folder given; not on the GPU
     for bad in (["--steps", "512"], ["--steps", "1024", "--cuda"], ["--compare-envs", "0"]):
         with pytest.raises(SystemExit):
