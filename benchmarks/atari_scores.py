@@ -139,9 +139,9 @@ def main(argv=None) -> list[str]:
     lines = table(runs[labels[0]], args.bin) if len(runs) == 1 else side_by_side(runs, args.bin)
     for name, points in runs.items():
         first, last = [v for _, v in points[:100]], [v for _, v in points[-100:]]
-        lines += ["", f"{name if args.against else ''}{': ' if args.against else ''}{len(points)} games to step "
-                  f"{points[-1][0]}; the first {len(first)}: {statistics.mean(first):.1f}, the last {len(last)}: "
-                  f"{statistics.mean(last):.1f}"]
+        prefix = f"{name}: " if args.against else ""
+        lines += ["", f"{prefix}{len(points)} games to step {points[-1][0]}; the first {len(first)}: "
+                  f"{statistics.mean(first):.1f}, the last {len(last)}: {statistics.mean(last):.1f}"]
     for tag in args.scalars:
         values = {name: scores(folder, tag) for name, folder in folders.items()}
         if not all(values.values()):
