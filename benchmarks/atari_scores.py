@@ -5,7 +5,8 @@ the games that ended in each span of agent steps, with a 95% t-interval over tho
     python benchmarks/atari_scores.py RUN --against OTHER_RUN --labels ours CleanRL --scalars losses/entropy
 
 --against puts a second run (CleanRL's file logs the same tags) beside the first, in the table and the figure;
---scalars adds, per span, the mean of training scalars each run logs once an iteration.
+--scalars adds, per span, the mean of training scalars each run logs once an iteration; --reach 20 the step
+where the mean of 100 games in a row first reaches 20 (the score papers report is such a mean).
 
 A run resumed from a checkpoint (`--resume`) writes a second events file into its folder and logs again the
 steps between its checkpoint and the point where it was stopped. Each file's points are kept only below the
@@ -61,6 +62,18 @@ def bins(points: list[tuple[int, float]], bin_size: int) -> list[tuple[int, int,
             half = t95(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else 0
             rows.append((start, min(start + bin_size, last), len(values), statistics.mean(values), half))
     return rows
+
+
+def reach(points: list[tuple[int, float]], level: float, window: int = 100) -> str:
+    """Where the mean of `window` games in a row first reaches `level`, and the highest such mean."""
+    values = [v for _, v in points]
+    means = [statistics.mean(values[end - window:end]) for end in range(window, len(values) + 1)]
+    if not means:
+        return f"fewer than {window} games: no mean of {window} games in a row yet"
+    first = next((end for end, mean in enumerate(means, start=window) if mean >= level), None)
+    where = (f"first at or above {level:g} at step {points[first - 1][0]} (game {first})" if first
+             else f"never at or above {level:g}")
+    return f"the mean of {window} games in a row: {where}; highest {max(means):.2f}"
 
 
 def table(points: list[tuple[int, float]], bin_size: int) -> list[str]:
@@ -123,6 +136,7 @@ def main(argv=None) -> list[str]:
     parser.add_argument("--title", default="", help="the figure's title")
     parser.add_argument("--against", help="a second run folder, put beside the first")
     parser.add_argument("--labels", nargs=2, help="the two runs' names (default: their folders' names)")
+    parser.add_argument("--reach", type=float, help="also print where the mean of 100 games first reaches this")
     parser.add_argument("--scalars", nargs="+", default=[], help="training scalars (tags) to average per span")
     args = parser.parse_args(argv)
     if args.bin < 1:
@@ -142,6 +156,8 @@ def main(argv=None) -> list[str]:
         prefix = f"{name}: " if args.against else ""
         lines += ["", f"{prefix}{len(points)} games to step {points[-1][0]}; the first {len(first)}: "
                   f"{statistics.mean(first):.1f}, the last {len(last)}: {statistics.mean(last):.1f}"]
+        if args.reach is not None:
+            lines.append(prefix + reach(points, args.reach))
     for tag in args.scalars:
         values = {name: scores(folder, tag) for name, folder in folders.items()}
         if not all(values.values()):

@@ -696,6 +696,23 @@ def test_atari_scores_counts_each_game_once_across_a_resume(tmp_path):
         scores.scores(tmp_path / "empty")
 
 
+def test_atari_scores_reach_finds_the_first_100_games_in_a_row_at_a_level():
+    scores = load_benchmark("atari_scores")
+    # 100 games of -21, then 50 of 21 (game k at step 10k): the 100 games ending at game 100 + j average
+    # -21 + 0.42 j, which is -19.74 at j = 3 (the first at or above -20) and 0 at j = 50, the highest
+    points = [(10 * k, -21.0 if k <= 100 else 21.0) for k in range(1, 151)]
+    assert scores.reach(points, -20) == ("the mean of 100 games in a row: first at or above -20 at step 1030 "
+                                         "(game 103); highest 0.00")
+    assert scores.reach(points, 0) == ("the mean of 100 games in a row: first at or above 0 at step 1500 "
+                                       "(game 150); highest 0.00")
+    assert scores.reach(points, 0.5) == "the mean of 100 games in a row: never at or above 0.5; highest 0.00"
+    assert scores.reach(points[:99], -21).startswith("fewer than 100 games")
+    # the first window counts game 1: one win there (21) puts games 1-100 at -20.58, reached at game 100 already
+    early = [(10, 21.0)] + points[1:]
+    assert scores.reach(early, -20.58) == ("the mean of 100 games in a row: first at or above -20.58 at step 1000 "
+                                           "(game 100); highest 0.00")
+
+
 def test_atari_scores_puts_two_runs_and_their_training_scalars_side_by_side(tmp_path):
     scores = load_benchmark("atari_scores")
     from torch.utils.tensorboard import SummaryWriter
