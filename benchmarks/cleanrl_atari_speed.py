@@ -5,7 +5,7 @@ settings and budget, run alternately in fresh processes.
     pip install opencv-python-headless        # CleanRL's ResizeObservation needs cv2; ppo_atari.py does not
     python benchmarks/cleanrl_atari_speed.py --cleanrl ../cleanrl --env-id ALE/Pong-v5 --steps 8192 --rounds 2
     python benchmarks/cleanrl_atari_speed.py --cleanrl ../cleanrl --env-id ALE/Pong-v5 --steps 10000000 \
-        --learn runs_cleanrl     # one learning run of CleanRL's file alone (stop it with Ctrl-C)
+        --learn runs_cleanrl     # one learning run of CleanRL's file alone (stop it with Ctrl-C); --seed N
     python benchmarks/cleanrl_atari_speed.py --cleanrl ../cleanrl --env-id ALE/Pong-v5 --compare-envs 3000
 
 CleanRL's file is written for gymnasium 0.29. It is copied, with its `cleanrl_utils/atari_wrappers.py`, into a
@@ -107,14 +107,15 @@ def cleanrl_env_id(env_id: str) -> str:
     return env_id[len("ALE/"):-len("-v5")] + "NoFrameskip-v4"
 
 
-def commands(side: str, script: Path, env_id: str, steps: int, runs: Path, cuda: bool = False) -> list[str]:
+def commands(side: str, script: Path, env_id: str, steps: int, runs: Path, cuda: bool = False,
+             seed: int = 1) -> list[str]:
     """The command line of one run of either side."""
     device = "--cuda" if cuda else "--no-cuda"
     if side == "ours":
         return [sys.executable, str(script), "--env-id", env_id, "--total-timesteps", str(steps), device,
-                "--num-threads", "1", "--eval-episodes", "0", "--runs-dir", str(runs), "--seed", "1"]
+                "--num-threads", "1", "--eval-episodes", "0", "--runs-dir", str(runs), "--seed", str(seed)]
     return [sys.executable, str(script), "--env-id", cleanrl_env_id(env_id), "--total-timesteps", str(steps),
-            device, "--seed", "1"]
+            device, "--seed", str(seed)]
 
 
 def read_run(runs: Path) -> tuple[float, int]:
@@ -147,11 +148,11 @@ def time_run(side: str, script: Path, env_id: str, steps: int, folder: Path, cud
     return dict(side=side, sps=sps, cpu_per_1k=1000 * cpu / steps, wall=wall, returns=returns)
 
 
-def learning_run(script: Path, env_id: str, steps: int, folder: Path) -> int:
+def learning_run(script: Path, env_id: str, steps: int, folder: Path, seed: int = 1) -> int:
     """--learn: one run of CleanRL's patched file in folder (runs/ and stdout.log), in the foreground."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     folder.mkdir(parents=True, exist_ok=True)
-    command = commands("cleanrl", script, env_id, steps, folder / "runs")
+    command = commands("cleanrl", script, env_id, steps, folder / "runs", seed=seed)
     print(f"CleanRL's file learning in {folder} (output in stdout.log):", " ".join(command[1:]), flush=True)
     with open(folder / "stdout.log", "a") as log:
         try:
@@ -217,6 +218,7 @@ def main(argv=None) -> list[str]:
     parser.add_argument("--rounds", type=int, default=2, help="runs of each file, alternating")
     parser.add_argument("--cuda", action="store_true", help="train both on the GPU (default: the CPU)")
     parser.add_argument("--learn", metavar="DIR", help="instead: one learning run of CleanRL's file, in DIR")
+    parser.add_argument("--seed", type=int, default=1, help="--learn: the seed of that run")
     parser.add_argument("--compare-envs", type=int, metavar="N", help="instead: both files' envs for N steps")
     args = parser.parse_args(argv)
     if args.compare_envs is not None and args.compare_envs < 1:
@@ -245,7 +247,7 @@ def main(argv=None) -> list[str]:
     if args.learn:
         folder = Path(args.learn).resolve()
         script = copy_cleanrl(Path(args.cleanrl), folder / "cleanrl", learn=True)
-        returncode = learning_run(script, args.env_id, args.steps, folder)
+        returncode = learning_run(script, args.env_id, args.steps, folder, args.seed)
         if returncode != 0:
             raise SystemExit(f"error: CleanRL's run failed (exit status {returncode}); see {folder / 'stdout.log'}")
         lines = [f"CleanRL's run ended; its scores: python benchmarks/atari_scores.py {folder / 'runs'}/<run>"]

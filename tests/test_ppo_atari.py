@@ -633,6 +633,8 @@ def test_cleanrl_learning_run_resets_in_the_same_step_and_logs_every_game_s_scor
     assert json.loads((tmp_path / "learn" / "stdout.log").read_text()) == [
         ["--env-id", "PongNoFrameskip-v4", "--total-timesteps", "3000", "--no-cuda", "--seed", "1"],
         str(tmp_path / "learn"), "1"]
+    assert speed.learning_run(echo, "ALE/Pong-v5", 3000, tmp_path / "seeded", seed=7) == 0
+    assert json.loads((tmp_path / "seeded" / "stdout.log").read_text())[0][-2:] == ["--seed", "7"]
     # --learn: CleanRL's own schedule (any --steps), its runs in the folder given; not on the GPU
     for bad in (["--steps", "512"], ["--steps", "1024", "--cuda"], ["--compare-envs", "0"]):
         with pytest.raises(SystemExit):
