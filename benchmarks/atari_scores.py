@@ -8,6 +8,12 @@ the games that ended in each span of agent steps, with a 95% t-interval over tho
 --scalars adds, per span, the mean of training scalars each run logs once an iteration; --reach 20 the step
 where the mean of 100 games in a row first reaches 20 (the score papers report is such a mean).
 
+    python benchmarks/atari_scores.py --seeds ours=RUN1,RUN2 CleanRL=RUN3,RUN4,RUN5 --bin 250000
+
+--seeds compares files over seeds, the unit that varies between runs: per span, each run's mean game score, and
+each file's mean of those over its runs with a 95% t-interval over runs; for two files, the first's mean minus
+the second's with a Welch 95% interval. Up to the shortest run's last step.
+
 A run resumed from a checkpoint (`--resume`) writes a second events file into its folder and logs again the
 steps between its checkpoint and the point where it was stopped. Each file's points are kept only below the
 first step of the next file (files in the order they were written), so that each game is counted once, as in
@@ -101,6 +107,63 @@ def side_by_side(runs: dict[str, list[tuple[int, float]]], bin_size: int, fmt: s
     return lines
 
 
+def welch(a: list[float], b: list[float]) -> tuple[float, float]:
+    """mean(a) - mean(b) and the half-width of its Welch 95% t-interval (Welch-Satterthwaite df, rounded down to
+    the table's entries, so the interval is if anything too wide)."""
+    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1)) if va + vb > 0 else 60
+    return statistics.mean(a) - statistics.mean(b), t95(max(1, int(df))) * math.sqrt(va + vb)
+
+
+def over_seeds(groups: dict[str, dict[str, list[tuple[int, float]]]], bin_size: int) -> list[str]:
+    """A markdown table per span of bin_size steps: each file's mean over its runs of each run's mean game score
+    there ± 95% t over runs (runs), and for two files the difference ± Welch 95%."""
+    last = min(max(s for s, _ in points) for runs in groups.values() for points in runs.values())
+    means = {name: [{start: row[2] for start, *row in bins([p for p in points if p[0] <= last], bin_size)}
+                    for points in runs.values()] for name, runs in groups.items()}
+    names = list(groups)
+    head = [f"{name}: mean ± 95% t over runs (runs)" for name in names]
+    if len(names) == 2:
+        head.append(f"{names[0]} - {names[1]} ± Welch 95%")
+    lines = ["| steps | " + " | ".join(head) + " |", "|---" * (len(head) + 1) + "|"]
+    for start in range(0, last + 1, bin_size):
+        per_file = {name: [m[start] for m in means[name] if start in m] for name in names}
+        cells = [(f"{statistics.mean(v):.1f} ± " + (f"{t95(len(v) - 1) * statistics.stdev(v) / math.sqrt(len(v)):.1f}"
+                  if len(v) > 1 else "-") + f" ({len(v)})") if v else "-" for v in per_file.values()]
+        if len(names) == 2:
+            a, b = per_file.values()
+            cells.append("{:+.1f} ± {:.1f}".format(*welch(a, b)) if len(a) > 1 and len(b) > 1 else "-")
+        lines.append(f"| {start / 1000:g}k-{min(start + bin_size, last) / 1000:g}k | " + " | ".join(cells) + " |")
+    return lines
+
+
+def plot_seeds(groups: dict[str, dict[str, list[tuple[int, float]]]], bin_size: int, title: str, path: str) -> None:
+    """Each run's mean score per span as a thin line, each file's mean over its runs as a thick one."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    last = min(max(s for s, _ in points) for runs in groups.values() for points in runs.values())
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for i, (name, runs) in enumerate(groups.items()):
+        curves = [{start + bin_size / 2: row[2] for start, *row in bins([p for p in points if p[0] <= last],
+                                                                         bin_size)} for points in runs.values()]
+        for j, curve in enumerate(curves):
+            ax.plot(list(curve), list(curve.values()), color=f"C{i}", lw=0.8, alpha=0.5,
+                    label=f"{name}: one run" if j == 0 else None)
+        xs = sorted(set.intersection(*(set(c) for c in curves)))
+        ax.plot(xs, [statistics.mean(c[x] for c in curves) for x in xs], color=f"C{i}", lw=2.5,
+                label=f"{name}: mean of {len(curves)} runs")
+    ax.set_xlabel("agent steps (4 frames each)")
+    ax.set_ylabel(f"mean game score per {bin_size:,} steps")
+    ax.set_title(title)
+    ax.legend(loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def plot(runs: dict[str, list[tuple[int, float]]], bin_size: int, title: str, path: str) -> None:
     """The learning-curve figure: every game's score as a dot, the table's means with their intervals (one
     colour a run; black where there is one)."""
@@ -130,7 +193,7 @@ def plot(runs: dict[str, list[tuple[int, float]]], bin_size: int, title: str, pa
 
 def main(argv=None) -> list[str]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("run_dir", help="a ppo_atari.py run folder (its TensorBoard files)")
+    parser.add_argument("run_dir", nargs="?", help="a ppo_atari.py run folder (its TensorBoard files)")
     parser.add_argument("--bin", type=int, default=100_000, help="agent steps a row")
     parser.add_argument("--plot", help="also write the learning-curve figure to this .png")
     parser.add_argument("--title", default="", help="the figure's title")
@@ -138,9 +201,33 @@ def main(argv=None) -> list[str]:
     parser.add_argument("--labels", nargs=2, help="the two runs' names (default: their folders' names)")
     parser.add_argument("--reach", type=float, help="also print where the mean of 100 games first reaches this")
     parser.add_argument("--scalars", nargs="+", default=[], help="training scalars (tags) to average per span")
+    parser.add_argument("--seeds", nargs="+", metavar="NAME=RUN,RUN", help="instead: files over seeds, each NAME "
+                        "its runs' folders, comma-separated")
     args = parser.parse_args(argv)
     if args.bin < 1:
         parser.error("--bin must be at least 1")
+    if args.seeds:
+        if args.run_dir or args.against or args.reach is not None or args.scalars:
+            parser.error("--seeds takes the runs itself: no RUN_DIR, --against, --reach or --scalars with it")
+        if any("=" not in group for group in args.seeds):
+            parser.error("--seeds: give each file as NAME=RUN,RUN (e.g. ours=runs/a,runs/b)")
+        groups = {}
+        for group in args.seeds:
+            name, folders = group.split("=", 1)
+            groups[name] = {folder: scores(Path(folder)) for folder in folders.split(",") if folder}
+        empty = [folder for runs in groups.values() for folder, points in runs.items() if not points]
+        if empty:
+            raise SystemExit(f"error: {empty[0]} logged no game score yet")
+        lines = over_seeds(groups, args.bin)
+        for name, runs in groups.items():
+            lines += [f"{name}: " + "; ".join(f"{Path(folder).name} {len(points)} games to step {points[-1][0]}"
+                                             for folder, points in runs.items())]
+        if args.plot:
+            plot_seeds(groups, args.bin, args.title, args.plot)
+        print("\n".join(lines))
+        return lines
+    if not args.run_dir:
+        parser.error("give a run folder (RUN_DIR), or --seeds")
     paths = [Path(args.run_dir)] + ([Path(args.against)] if args.against else [])
     labels = args.labels or [path.name for path in paths]
     if len(set(labels)) < len(paths):

@@ -742,3 +742,35 @@ def test_atari_scores_puts_two_runs_and_their_training_scalars_side_by_side(tmp_
     # without --labels, each run is named by its folder
     named = scores.main([str(tmp_path / "ours"), "--against", str(tmp_path / "theirs"), "--bin", "2000"])
     assert named[0] == "| steps | ours: mean game score ± 95% t (games) | theirs: mean game score ± 95% t (games) |"
+
+
+def test_atari_scores_compares_files_over_seeds_with_a_welch_interval(tmp_path):
+    scores = load_benchmark("atari_scores")
+    from torch.utils.tensorboard import SummaryWriter
+    runs = {"a1": ((100, 1), (200, 3), (1500, 10), (1950, 20)), "a2": ((300, 4), (1200, 12), (1900, 14)),
+            "b1": ((100, 0), (1100, 5), (1990, 9)), "b2": ((400, 2), (1900, 7)), "b3": ((500, 1), (1600, 3), (1900, -1))}
+    for name, games in runs.items():
+        writer = SummaryWriter(str(tmp_path / name))
+        for step, score in games:
+            writer.add_scalar("charts/episodic_return", score, step)
+        writer.close()
+    a, b = ",".join(str(tmp_path / n) for n in ("a1", "a2")), ",".join(str(tmp_path / n) for n in ("b1", "b2", "b3"))
+    printed = scores.main(["--seeds", f"A={a}", f"B={b}", "--bin", "1000", "--plot", str(tmp_path / "seeds.png")])
+    # up to the shortest run's last game (1,900). 0-1k: A's runs 2 and 4 (sd 1.414, t(1) 12.71: ± 12.7); B's 0, 2, 1
+    # (sd 1, t(2) 4.30 / sqrt 3: ± 2.5); Welch: se sqrt(1 + 1/3) = 1.155, df 1.68 -> t(1): ± 14.7.
+    # 1k-1.9k: A 10 and mean(12, 14) = 13 (sd 2.121: ± 19.1); B 5 (its 1,990 game is past 1,900), 7 and
+    # mean(3, -1) = 1 (sd 3.055: ± 7.6); Welch: se sqrt(2.25 + 3.111) = 2.315, df 2.90 -> t(2) 4.30: ± 10.0
+    assert printed[:4] == [
+        "| steps | A: mean ± 95% t over runs (runs) | B: mean ± 95% t over runs (runs) | A - B ± Welch 95% |",
+        "|---|---|---|---|", "| 0k-1k | 3.0 ± 12.7 (2) | 1.0 ± 2.5 (3) | +2.0 ± 14.7 |",
+        "| 1k-1.9k | 11.5 ± 19.1 (2) | 4.3 ± 7.6 (3) | +7.2 ± 10.0 |"]
+    assert printed[4:] == ["A: a1 4 games to step 1950; a2 3 games to step 1900",
+                           "B: b1 3 games to step 1990; b2 2 games to step 1900; b3 3 games to step 1900"]
+    assert (tmp_path / "seeds.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # one run on a side: its mean, no interval and no difference
+    single = scores.main(["--seeds", f"A={a}", f"B={tmp_path / 'b1'}", "--bin", "1000"])
+    assert single[2] == "| 0k-1k | 3.0 ± 12.7 (2) | 0.0 ± - (1) | - |"
+    assert scores.welch([1.0, 1.0], [0.0, 0.0]) == (1.0, 0.0)
+    for bad in ([str(tmp_path / "a1"), "--seeds", f"A={a}"], ["--seeds", a], []):
+        with pytest.raises(SystemExit):
+            scores.main(bad)
