@@ -58,6 +58,11 @@ def scores(run_dir: Path, tag: str = "charts/episodic_return") -> list[tuple[int
     return sorted(kept, key=lambda p: p[0])
 
 
+def half95(values: list[float]) -> float:
+    """The half-width of the 95% t-interval of the mean of values (0 for one value)."""
+    return t95(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else 0
+
+
 def bins(points: list[tuple[int, float]], bin_size: int) -> list[tuple[int, int, int, float, float]]:
     """Per span of bin_size steps with games in it: (start, end, games, mean, half-width of its 95% t-interval;
     0 for one game)."""
@@ -65,8 +70,7 @@ def bins(points: list[tuple[int, float]], bin_size: int) -> list[tuple[int, int,
     for start in range(0, last + 1, bin_size):
         values = [v for s, v in points if start <= s < start + bin_size]
         if values:
-            half = t95(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else 0
-            rows.append((start, min(start + bin_size, last), len(values), statistics.mean(values), half))
+            rows.append((start, min(start + bin_size, last), len(values), statistics.mean(values), half95(values)))
     return rows
 
 
@@ -115,12 +119,18 @@ def welch(a: list[float], b: list[float]) -> tuple[float, float]:
     return statistics.mean(a) - statistics.mean(b), t95(max(1, int(df))) * math.sqrt(va + vb)
 
 
+def run_means(groups: dict[str, dict[str, list[tuple[int, float]]]], bin_size: int) -> tuple[int, dict]:
+    """The shortest run's last step, and per file, per run, {span start: the run's mean game score there}, counting
+    games up to that step."""
+    last = min(max(s for s, _ in points) for runs in groups.values() for points in runs.values())
+    return last, {name: [{start: row[2] for start, *row in bins([p for p in points if p[0] <= last], bin_size)}
+                         for points in runs.values()] for name, runs in groups.items()}
+
+
 def over_seeds(groups: dict[str, dict[str, list[tuple[int, float]]]], bin_size: int) -> list[str]:
     """A markdown table per span of bin_size steps: each file's mean over its runs of each run's mean game score
     there ± 95% t over runs (runs), and for two files the difference ± Welch 95%."""
-    last = min(max(s for s, _ in points) for runs in groups.values() for points in runs.values())
-    means = {name: [{start: row[2] for start, *row in bins([p for p in points if p[0] <= last], bin_size)}
-                    for points in runs.values()] for name, runs in groups.items()}
+    last, means = run_means(groups, bin_size)
     names = list(groups)
     head = [f"{name}: mean ± 95% t over runs (runs)" for name in names]
     if len(names) == 2:
@@ -128,8 +138,8 @@ def over_seeds(groups: dict[str, dict[str, list[tuple[int, float]]]], bin_size: 
     lines = ["| steps | " + " | ".join(head) + " |", "|---" * (len(head) + 1) + "|"]
     for start in range(0, last + 1, bin_size):
         per_file = {name: [m[start] for m in means[name] if start in m] for name in names}
-        cells = [(f"{statistics.mean(v):.1f} ± " + (f"{t95(len(v) - 1) * statistics.stdev(v) / math.sqrt(len(v)):.1f}"
-                  if len(v) > 1 else "-") + f" ({len(v)})") if v else "-" for v in per_file.values()]
+        cells = [f"{statistics.mean(v):.1f} ± {f'{half95(v):.1f}' if len(v) > 1 else '-'} ({len(v)})" if v else "-"
+                 for v in per_file.values()]
         if len(names) == 2:
             a, b = per_file.values()
             cells.append("{:+.1f} ± {:.1f}".format(*welch(a, b)) if len(a) > 1 and len(b) > 1 else "-")
@@ -144,11 +154,10 @@ def plot_seeds(groups: dict[str, dict[str, list[tuple[int, float]]]], bin_size: 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    last = min(max(s for s, _ in points) for runs in groups.values() for points in runs.values())
+    _, means = run_means(groups, bin_size)
     fig, ax = plt.subplots(figsize=(7, 4))
-    for i, (name, runs) in enumerate(groups.items()):
-        curves = [{start + bin_size / 2: row[2] for start, *row in bins([p for p in points if p[0] <= last],
-                                                                         bin_size)} for points in runs.values()]
+    for i, (name, runs) in enumerate(means.items()):
+        curves = [{start + bin_size / 2: mean for start, mean in run.items()} for run in runs]
         for j, curve in enumerate(curves):
             ax.plot(list(curve), list(curve.values()), color=f"C{i}", lw=0.8, alpha=0.5,
                     label=f"{name}: one run" if j == 0 else None)
