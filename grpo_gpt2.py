@@ -91,7 +91,8 @@ class Args:
     eval_episodes: int = 256  # held-out responses scoring the initial and final policy (0: no evaluation)
     eval_checkpoint: str | None = None  # a --save-model folder: only score it on the held-out prompts
     eval_every: int = 0  # also score the held-out prompts every this many iterations (0: before and after)
-    eval_split: Literal["held_out", "validation"] = "held_out"  # validation: training problems set aside
+    eval_split: Literal["held_out", "validation", "test"] = "held_out"  # validation: training problems set
+    # aside; test (sums of 2+ digits): held-out problems past those held_out evaluates, each once
     eval_greedy: bool = False  # also score greedy decoding (the most likely token at every step)
 
     # models and task
@@ -357,6 +358,7 @@ def main(args: Args) -> dict:
     if args.eval_episodes > 0 and args.rank == 0:  # torchrun: process 0 evaluates
         held_out_evaluation(policy, "initial", 0)
     stats, iteration, interrupted, start_time = {}, 0, False, time.time()
+    train_cpu = 0.0  # process CPU seconds of the rollouts, advantages and updates (no evaluation)
     try:
         for iteration in range(1, args.num_iterations + 1):
             if args.anneal_lr:  # detail 4
@@ -364,7 +366,7 @@ def main(args: Args) -> dict:
                 optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
             # 2. rollout: the groups of responses, their scores, and the reference's log-probs
-            iteration_start = time.time()
+            iteration_start, cpu_start = time.time(), time.process_time()
             queries = next(query_iter)
             context_length = queries.shape[1]
             responses, logprobs, response_mask, contain_stop, raw_scores = sample_and_score(
@@ -434,6 +436,7 @@ def main(args: Args) -> dict:
                     for k, v in minibatch_losses.items():
                         update_stats.setdefault(k, []).append(v)
             update_time = time.time() - update_start
+            train_cpu += time.process_time() - cpu_start
 
             # 5. logging
             update_stats = {k: torch.stack(v).double().mean().item() for k, v in update_stats.items()}
@@ -452,7 +455,7 @@ def main(args: Args) -> dict:
                 "val/ratio": update_stats["ratio"],
                 "val/distinct_responses": distinct_responses, "val/distinct_2": distinct_2,
                 "val/zero_advantage_groups": all_equal.float().mean().item(),  # their advantage is 0
-                "time/rollout": rollout_time, "time/update": update_time,
+                "time/rollout": rollout_time, "time/update": update_time, "time/train_cpu": train_cpu,
             }
             if ref_logprobs is not None:  # the KL to the reference per response (k1, summed), as PPO logs it
                 stats["objective/kl"] = ((logprobs - ref_logprobs) * response_mask).sum(1).mean().item()
@@ -599,7 +602,7 @@ def evaluate_and_log(eval_prompts, tokenizer, stop_token_id: int, reward_fn, arg
 def print_held_out_summary(eval_stats: dict, args: Args) -> None:
     """The held-out evaluations of the initial and the final policy, in a few printed lines."""
     initial, final = eval_stats["initial"]["raw_score_mean"], eval_stats["final"]["raw_score_mean"]
-    split = "held-out" if args.eval_split == "held_out" else "validation"
+    split = args.eval_split.replace("_", "-")  # held-out, validation or test
     print(f"{split} prompts: raw score {initial:.3f} -> {final:.3f}")
     for mode in (["", "_greedy"] if args.eval_greedy else [""]) if "accuracy" in eval_stats["final"] else []:
         before, after = eval_stats["initial" + mode], eval_stats["final" + mode]
@@ -624,7 +627,7 @@ def evaluate_checkpoint(args: Args, device: torch.device) -> dict:
             "accuracy" in result) else ""
         kl = (f", KL to {start} {result['kl_mean']:.3f} +- {result['kl_stderr']:.3f} nats per response"
               if "kl_mean" in result else f", no KL ({start})")
-        split = "validation" if args.eval_split == "validation" else "held-out"
+        split = args.eval_split.replace("_", "-")
         where = f"{split} sums" if args.reward_model == "arithmetic" else f"{split} prompts"
         print(f"{args.eval_checkpoint}{' (greedy)' if greedy else ''}: raw score "
               f"{result['raw_score_mean']:.4f} +- {result['raw_score_stderr']:.4f} over {args.eval_episodes} "
@@ -667,7 +670,10 @@ def check_args(args: Args) -> None:
     require(("scale_rewards",), lambda v: v in ("group", "none"), "group or none")
     require(("loss_type",), lambda v: v in ("grpo", "dapo", "dr_grpo"), "grpo, dapo or dr_grpo")
     require(("advantage",), lambda v: v in ("grpo", "rloo"), "grpo or rloo")
-    require(("eval_split",), lambda v: v in ("held_out", "validation"), "held_out or validation")
+    require(("eval_split",), lambda v: v in ("held_out", "validation", "test"), "held_out, validation or test")
+    if args.eval_split == "test" and (args.reward_model != "arithmetic" or args.arithmetic_digits < 2):
+        raise SystemExit("error: --eval-split test: the unread held-out sums need --reward-model arithmetic "
+                         "--arithmetic-digits 2 or more; use --eval-split held_out")
     if args.bf16 and args.cuda and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
         raise SystemExit("error: --bf16: this GPU cannot compute in bfloat16 (torch.cuda.is_bf16_supported() "
                          "is False); run without --bf16")
@@ -936,17 +942,23 @@ def verify_sum(text: str, response: str) -> float:
     return 1.0 if answer is not None and float(answer.group()) == int(a) + int(b) else -1.0
 
 
-def arithmetic_problems(digits: int, held_out: bool, validation: bool = False) -> list[str]:
+def arithmetic_problems(digits: int, held_out: bool, validation: bool = False, test: bool = False) -> list[str]:
     """The prompts of --reward-model arithmetic: every sum of two numbers of `digits` digits, split once by a
     fixed seed (whatever --seed) into training and held-out problems; a + b and b + a on the same side. An
     eighth of the training pairs (fixed too) is the validation split: validation=True gives it,
-    held_out=False with validation=False the training problems including it."""
+    held_out=False with validation=False the training problems including it. test=True: the held-out pairs
+    past the first 256, in one order each (a fixed coin): held-out problems that an evaluation of up to 256
+    held-out prompts never reaches (those list both orders of the first pairs), each a distinct sum."""
     numbers = range(0 if digits == 1 else 10 ** (digits - 1), 10**digits)
     pairs = [(a, b) for a in numbers for b in numbers if a <= b]
     random.Random(0).shuffle(pairs)
     pairs = pairs[: len(pairs) // 4] if held_out else pairs[len(pairs) // 4 :]
     if validation:
         pairs = pairs[: max(1, len(pairs) // 8)]
+    if test:
+        coin = random.Random(1)
+        return [f"What is {a} + {b}? The answer is" for a, b in (p if coin.random() < 0.5 else p[::-1]
+                                                                  for p in pairs[256:])]
     return [f"What is {a} + {b}? The answer is" for x, y in pairs for a, b in dict.fromkeys([(x, y), (y, x)])]
 
 
@@ -956,8 +968,10 @@ def load_prompts(args: Args) -> tuple[list[str], list[str]]:
     if args.reward_model == "arithmetic":
         prompts = arithmetic_problems(args.arithmetic_digits, held_out=False)
         eval_prompts = arithmetic_problems(args.arithmetic_digits, held_out=True)
-        if args.eval_split == "validation":
-            eval_prompts = arithmetic_problems(args.arithmetic_digits, held_out=False, validation=True)
+        if args.eval_split != "held_out":
+            eval_prompts = arithmetic_problems(args.arithmetic_digits, held_out=args.eval_split == "test",
+                                               validation=args.eval_split == "validation",
+                                               test=args.eval_split == "test")
     elif args.prompts_file is None:
         prompts, eval_prompts = list(PROMPTS), list(EVAL_PROMPTS)
     else:

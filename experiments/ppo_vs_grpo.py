@@ -104,6 +104,106 @@ GRIDS = {
     "rloo": protocol.grid(lambda G, lr: f"grpo_gpt2.py --advantage rloo --beta 0 --num-generations {G} "
                           f"--learning-rate {lr}", G=("2", "4", "8", "16"), lr=("1e-5", "2e-5")),
 }
+# The search (protocol.next_runs), its grids stated before its first run, the cap protocol.EXTRA_RUNS. Each setting
+# at 512 completions on the validation split (TUNING_COMMON), seed protocol.TUNING_SEED. PPO: learning rate, epochs
+# and responses a batch (its data per update); GRPO and RLOO (GRPO's loss with RLOO's leave-one-out baseline): the
+# learning rate, the group size G at 64 completions a batch and the optimizer steps a batch (1: the defaults' one
+# step of 4 accumulated micro-batches; more: minibatches of 64 / steps completions), beta 0 (no reference model).
+# The runs of the grids above whose commands are a setting's here count as its runs (`search --reuse`): the code
+# they ran differs from today's only in the bf16 path and torchrun's teardown. The chosen settings then run at
+# TEST_SEEDS on the test split (`run --searched`): held-out sums no earlier run evaluated, each once.
+LR = protocol.Axis(("5e-6", "1e-5", "2e-5", "4e-5"))
+GROUP = protocol.Axis(("4", "8", "16"), low=2, high=64)
+STEPS = protocol.Axis(("1", "16"), factor=4, low=1, high=64)
+
+
+def steps_flags(steps: str) -> str:
+    return "" if steps == "1" else f" {MB} {steps}"
+
+
+SEARCH = {
+    "ppo": (dict(lr=protocol.Axis(("7e-6", "1.41e-5", "3e-5", "6e-5")), epochs=protocol.Axis(("2", "4"), low=1, high=16),
+                 batch=protocol.Axis(("32", "64"), low=8, high=256)),
+            lambda lr, epochs, batch: f"ppo_rlhf_gpt2.py --learning-rate {lr} --update-epochs {epochs} "
+                                      f"--batch-size {batch}"),
+    "grpo": (dict(lr=LR, G=GROUP, steps=STEPS),
+             lambda lr, G, steps: f"grpo_gpt2.py --num-generations {G}{steps_flags(steps)} --beta 0 "
+                                  f"--learning-rate {lr}"),
+    "rloo": (dict(lr=LR, G=GROUP, steps=STEPS),
+             lambda lr, G, steps: f"grpo_gpt2.py --advantage rloo --beta 0 --num-generations {G}"
+                                  f"{steps_flags(steps)} --learning-rate {lr}"),
+}
+TEST_COMMON = COMMON + " --eval-split test"
+TEST_SEEDS = (13, 14, 15, 16, 17, 18)
+SEARCH_RUNS = "docs/results/ppo_vs_grpo_runs/search"
+
+
+def search_flags(method: str, setting: str) -> str:
+    axes, flags = SEARCH[method]
+    return flags(**protocol.parse_setting(setting, axes))
+
+
+def flag_dict(command: str) -> dict:
+    """A command line's script and flags, {flag: value} (the last of a repeated flag; True for a switch), without
+    the ones that name a run (--seed, --runs-dir, --exp-name)."""
+    words = shlex.split(command)
+    script = next(w for w in words if w.endswith(".py"))
+    words = words[words.index(script) + 1 :]
+    out = {"script": script}
+    for i, word in enumerate(words):
+        if word.startswith("--"):
+            out[word] = words[i + 1] if i + 1 < len(words) and not words[i + 1].startswith("--") else True
+    for key in ("--seed", "--runs-dir", "--exp-name"):
+        out.pop(key, None)
+    return out
+
+
+def search_results(records: list[dict], method: str, scalars_of) -> tuple[dict, dict]:
+    """protocol.next_runs's view of a method's recorded runs: ({setting: (validation accuracy, CPU minutes)} at
+    TUNING_SEED, {setting: accuracy} at SECOND_SEED)."""
+    first, second = {}, {}
+    for record in records:
+        if record["method"].split(" ")[0] != method:
+            continue
+        accuracy = [value for _, value in scalars_of(record["run_dir"])["eval/accuracy"]]
+        final = accuracy[-1] if len(accuracy) > 1 else None
+        setting = record["method"][len(method) + 1 :]
+        if record["seed"] == protocol.TUNING_SEED:
+            first[setting] = (final, record["cpu_s"] / 60)
+        elif record["seed"] == protocol.SECOND_SEED:
+            second[setting] = final
+    return first, second
+
+
+def run_search(methods: list[str], runs: Path, jobs: int, reuse: list[Path]) -> None:
+    """Every method's search to its end (protocol.search), the runs `jobs` at a time, PPO's first (the longest);
+    a run whose command (its flags) a record in a --reuse folder has is recorded from that record, not run."""
+    records_file = runs / "records.jsonl"
+    earlier = [(r, folder) for folder in reuse for r in recorded(folder / "records.jsonl")]
+
+    def results(method):
+        return search_results(recorded(records_file), method, read_scalars)
+
+    def run(todo):
+        flags = {f"{m} {name}": search_flags(m, name) for m, name, _ in todo}
+        items = []
+        for method, name, seed in sorted(todo, key=lambda t: t[0] != "ppo"):
+            wanted = flag_dict(shlex.join(command_of(f"{method} {name}", seed, str(runs), TUNING_COMMON, flags)))
+            same = [(r, folder) for r, folder in earlier if r["seed"] == seed and flag_dict(r["command"]) == wanted]
+            if same:
+                record, folder = same[0]
+                run_dir = os.path.relpath(folder / Path(record["run_dir"]).name, ROOT)
+                with open(records_file, "a") as f:
+                    f.write(json.dumps({**record, "method": f"{method} {name}", "run_dir": run_dir,
+                                        "reused_from": record["method"]}) + "\n")
+                print(f"reused {record['method']} as {method} {name}", flush=True)
+            else:
+                items.append((f"{method} {name}", seed))
+        run_items(items, runs, jobs, TUNING_COMMON, flags)
+
+    protocol.search({m: SEARCH[m][0] for m in methods}, results, run)
+
+
 PROTOCOL_TUNING = {f"{method} {setting}": flags for method, grid in GRIDS.items() for setting, flags in grid.items()}
 
 
@@ -154,8 +254,18 @@ def tuned_methods(tuning: list[dict]) -> dict[str, str]:
 def command_of(method: str, seed: int, runs: str, common: str = COMMON, methods: dict = METHODS) -> list[str]:
     """The exact command line of one run (a list for subprocess)."""
     script, *flags = shlex.split(methods[method])
-    return ["python", script, *shlex.split(common), *flags, "--seed", str(seed), "--runs-dir", runs,
+    return ["python", script, *merge_flags(shlex.split(common), flags), "--seed", str(seed), "--runs-dir", runs,
             "--exp-name", exp_name(method)]
+
+
+def merge_flags(common: list[str], flags: list[str]) -> list[str]:
+    """The common flags with a setting's: a flag both give takes the setting's value in the common one's place."""
+    merged = {}
+    for words in (common, flags):
+        for i, word in enumerate(words):
+            if word.startswith("--"):
+                merged[word] = words[i + 1] if i + 1 < len(words) and not words[i + 1].startswith("--") else None
+    return [w for flag, value in merged.items() for w in ([flag] if value is None else [flag, value])]
 
 
 def exp_name(method: str) -> str:
@@ -171,7 +281,9 @@ def recorded(records_file: Path) -> list[dict]:
     records = [json.loads(line) for line in records_file.read_text().splitlines() if line.strip()]
     for record in records:
         beside = records_file.parent / Path(record["run_dir"]).name
-        if not Path(record["run_dir"]).exists() and beside.exists():
+        if not Path(record["run_dir"]).is_absolute():  # relative to the repository root
+            record["run_dir"] = str(ROOT / record["run_dir"])
+        elif not Path(record["run_dir"]).exists() and beside.exists():
             record["run_dir"] = str(beside)
     return records
 
@@ -180,9 +292,15 @@ def run_all(methods: list[str], seeds: list[int], runs: Path, jobs: int, common:
             flags: dict = METHODS) -> None:
     """Runs every (method, seed) not yet in <runs>/records.jsonl, `jobs` at a time, in the order seed by seed
     (so that each method's runs meet the others' side by side); one record per finished run."""
+    run_items([(m, s) for s in seeds for m in methods], runs, jobs, common, flags)
+
+
+def run_items(items: list[tuple[str, int]], runs: Path, jobs: int, common: str, flags: dict = METHODS) -> None:
+    """Runs each (method, seed) of items not yet in <runs>/records.jsonl, in order, `jobs` at a time; one record
+    per finished run."""
     records_file = runs / "records.jsonl"
     done = {(r["method"], r["seed"]) for r in recorded(records_file)}
-    queue = [(m, s) for s in seeds for m in methods if (m, s) not in done]
+    queue = [(m, s) for m, s in items if (m, s) not in done]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
     running = {}
@@ -208,7 +326,7 @@ def run_all(methods: list[str], seeds: list[int], runs: Path, jobs: int, common:
             continue
         run_dir = sorted(runs.glob(f"{exp_name(method)}__{seed}__*"))[-1]
         record = {"method": method, "seed": seed, "command": "python " + shlex.join(command[1:]),
-                  "run_dir": str(run_dir), "peak_rss_gb": usage.ru_maxrss * 1024 / 1e9, "wall_s": wall,
+                  "run_dir": os.path.relpath(run_dir, ROOT) if run_dir.is_relative_to(ROOT) else str(run_dir), "peak_rss_gb": usage.ru_maxrss * 1024 / 1e9, "wall_s": wall,
                   # CPU seconds of the whole run (loading and evaluations included): unlike wall-clock seconds,
                   # hardly changed by other processes on the machine
                   "cpu_s": usage.ru_utime + usage.ru_stime,
@@ -494,6 +612,12 @@ def main() -> None:
     tune.add_argument("--runs", default=RUNS + "_protocol_tuning", help="runs folder and records.jsonl")
     tune.add_argument("--earlier-grid", action="store_true", help="the earlier grid (TUNING) instead")
     tune.add_argument("--methods", nargs="+", default=list(GRIDS), choices=list(GRIDS), help="the grids to run")
+    search = sub.add_parser("search", help="the protocol's search (SEARCH), on the validation split")
+    search.add_argument("--jobs", type=int, default=2, help="runs at a time (at most one per idle core)")
+    search.add_argument("--runs", default=SEARCH_RUNS + "/tuning", help="runs folder and records.jsonl")
+    search.add_argument("--methods", nargs="+", default=list(SEARCH), choices=list(SEARCH))
+    search.add_argument("--reuse", nargs="*", default=["docs/results/ppo_vs_grpo_runs/protocol_tuning"],
+                        help="runs folders whose runs count where their commands are a setting's")
     report = sub.add_parser("report", help="write the results page from the records")
     report.add_argument("--runs", default=RUNS)
     report.add_argument("--tuning", default=RUNS + "_tuning", help="the tuning runs' folder (if it has records)")
@@ -518,6 +642,9 @@ def main() -> None:
     elif args.subcommand == "run":
         runs.mkdir(parents=True, exist_ok=True)
         run_all(args.methods, args.seeds, runs, args.jobs, args.common)
+    elif args.subcommand == "search":
+        runs.mkdir(parents=True, exist_ok=True)
+        run_search(args.methods, runs, args.jobs, [(ROOT / folder).resolve() for folder in args.reuse])
     elif args.subcommand == "tune":
         runs.mkdir(parents=True, exist_ok=True)
         grid = TUNING if args.earlier_grid else protocol_tuning(args.methods)

@@ -2,23 +2,34 @@
 (rlhf_frontier.py, ppo_vs_grpo.py), and the intervals they report.
 
 1. Three disjoint sets: the training prompts (problems), a validation set the tuning reads, a test set the tables
-   report. The test set is read once per method, after its setting is chosen.
-2. The same budget for every method: a grid of at least MIN_RUNS settings, stated in the harness before the
-   first run, one run each at TUNING_SEED, scored on the validation set.
-3. One rule, fixed before the first run (`choose`): the highest validation score; among the settings within TIE
-   of it, the cheapest (CPU minutes) is chosen. A setting without a score (a run that never reached the point
-   the score is read at) is chosen only if none has one: then the highest fallback (its last point's) wins.
-4. The chosen setting runs again with TEST_SEEDS, fresh seeds, on the test set; more seeds where an interval
-   straddles 0 and the runs fit.
+   report. The test set is read once per method, after its setting is chosen, and no run read it before the
+   grids were fixed.
+2. The search (`next_runs`), the same for every method. A grid stated in the harness before the first run: a
+   learning-rate axis of at least 4 values about 2x apart, and the method's other named axes (`Axis`); one run a
+   setting at TUNING_SEED, scored on the validation set. Then, while the rule's choice sits at the edge of an
+   axis (no run beyond it along that axis, the other axes at the choice's values), the nearest value beyond it
+   is run: a value another run of the axis has, else one step of the axis's factor, if the axis allows it; at
+   most EXTRA_RUNS such runs a method, a cap fixed before the first run. A choice still at an edge is reported as
+   such (`edges`). Last, the two best settings get a second seed (SECOND_SEED): the page says whether the mean
+   of the two seeds would choose otherwise (`second_seed`); the rule's choice stays the first seed's.
+3. One rule (`choose`): the highest validation score; among the settings within TIE of it, the cheapest (CPU
+   minutes). A setting without a score (a run that never reached the point the score is read at) is chosen only
+   if none has one: then the highest fallback (its last point's) wins.
+4. The chosen setting runs again with fresh test seeds, on the test set; more seeds where an interval straddles
+   0 and the runs fit.
 
 Intervals: a method's mean over seeds with a 95% t-interval; the difference of two methods with a 95% Welch one.
 """
 
 import itertools
+import math
+from dataclasses import dataclass
 
 import numpy as np
 
 TUNING_SEED = 100
+SECOND_SEED = 101  # the top two settings' second tuning seed
+EXTRA_RUNS = 6  # the cap: runs a method's search may add beyond its first grid
 TEST_SEEDS = (4, 5, 6)
 MIN_RUNS = 8
 TIE = 0.01  # in the score's units: 0.01 gold (frontier), one point of accuracy (sums)
@@ -71,3 +82,126 @@ def difference_interval(a, b) -> tuple[float, float]:
     dof = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
     t = np.interp(dof, list(T_975), list(T_975.values()))
     return float(a.mean() - b.mean()), float(t * (va + vb) ** 0.5)
+
+
+# ----------------------------------------------------------------------------------------------- the search
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One named axis of a method's grid: its first values (as the command line writes them, ascending), the
+    factor a step beyond an edge multiplies or divides by, and the range a value must stay in."""
+    values: tuple
+    factor: float = 2.0
+    low: float = 0.0
+    high: float = math.inf
+
+
+def setting_name(setting: dict) -> str:
+    return " ".join(f"{axis} {value}" for axis, value in setting.items())
+
+
+def parse_setting(name: str, axes: dict) -> dict:
+    """setting_name's inverse, checked against the axes' names and order."""
+    words = name.split(" ")
+    setting = dict(zip(words[::2], words[1::2]))
+    if list(setting) != list(axes) or len(words) != 2 * len(axes):
+        raise ValueError(f"{name!r} is not a setting of the axes {list(axes)}")
+    return setting
+
+
+def first_grid(axes: dict) -> list[str]:
+    """Every combination of the axes' first values, in order."""
+    return [setting_name(dict(zip(axes, values))) for values in itertools.product(*(a.values for a in axes.values()))]
+
+
+def step_beyond(axis: Axis, value: str, direction: int) -> str | None:
+    """One factor beyond value (direction +1 up, -1 down), written as the grid writes numbers; None outside the
+    axis's range."""
+    x = float(value) * axis.factor**direction
+    if not axis.low <= x <= axis.high:
+        return None
+    return str(int(round(x))) if x >= 1 and abs(x - round(x)) < 1e-9 else f"{x:.3g}".replace("e-0", "e-")
+
+
+def beyond(axes: dict, ran: list[str], chosen: str) -> dict:
+    """{(axis, direction): the setting to run} for each side of each axis where the chosen setting is at the
+    edge: no run setting, the other axes at the chosen's values, lies beyond it. The setting moves that axis to
+    the nearest value beyond that any setting run has on it, else one factor beyond; None where the axis allows
+    no value beyond."""
+    runs, c = [parse_setting(n, axes) for n in ran], parse_setting(chosen, axes)
+    out = {}
+    for axis, spec in axes.items():
+        line = [float(s[axis]) for s in runs if all(s[a] == c[a] for a in axes if a != axis)]
+        known = {float(v): v for v in [*spec.values, *(s[axis] for s in runs)]}
+        x = float(c[axis])
+        for direction in (-1, 1):
+            if any((v - x) * direction > 0 for v in line):
+                continue
+            further = [v for v in known if (v - x) * direction > 0]
+            value = known[min(further, key=lambda v: abs(v - x))] if further else step_beyond(spec, c[axis], direction)
+            out[(axis, direction)] = None if value is None else setting_name({**c, axis: value})
+    return out
+
+
+def next_runs(axes: dict, first: dict, second: dict, cap: int = EXTRA_RUNS) -> list[tuple[str, int]]:
+    """The runs a method's search needs next, as (setting, seed): first {setting: (score, CPU minutes)} of the
+    runs at TUNING_SEED, second {setting: score} at SECOND_SEED. The first grid; then, while the choice sits at
+    an edge and fewer than `cap` settings beyond the grid have run, the settings `beyond` it (as many as the cap
+    leaves, in the axes' order); then the top two settings at SECOND_SEED. [] when the search is done."""
+    grid = first_grid(axes)
+    missing = [(name, TUNING_SEED) for name in grid if name not in first]
+    if missing:
+        return missing
+    left = cap - len([name for name in first if name not in grid])
+    chosen = choose({k: v[0] for k, v in first.items()}, {k: v[1] for k, v in first.items()})
+    wanted = [name for name in beyond(axes, list(first), chosen).values() if name is not None]
+    wanted = [name for name in dict.fromkeys(wanted) if name not in first]
+    if left > 0 and wanted:
+        return [(name, TUNING_SEED) for name in wanted[:left]]
+    return [(name, SECOND_SEED) for name in top_two(first) if name not in second]
+
+
+def top_two(first: dict) -> list[str]:
+    """The rule's choice and the choice among the rest: first {setting: (score, CPU minutes)}."""
+    scores, costs = {k: v[0] for k, v in first.items()}, {k: v[1] for k, v in first.items()}
+    chosen = choose(scores, costs)
+    rest = {k: v for k, v in scores.items() if k != chosen}
+    return [chosen, choose(rest, costs)] if rest and any(v is not None for v in rest.values()) else [chosen]
+
+
+def edges(axes: dict, first: dict, cap: int = EXTRA_RUNS) -> dict:
+    """Where the rule's choice sits on each axis: {axis: "inside"} or the edges, each "lowest"/"highest" with why
+    the search did not go beyond: "none allowed" (the axis's range) or "cap reached"."""
+    chosen = choose({k: v[0] for k, v in first.items()}, {k: v[1] for k, v in first.items()})
+    out = {}
+    for (axis, direction), name in beyond(axes, list(first), chosen).items():
+        side = "lowest" if direction < 0 else "highest"
+        out.setdefault(axis, []).append(f"{side} ({'none allowed' if name is None else 'cap reached'})")
+    return {axis: ", ".join(out.get(axis, [])) or "inside" for axis in axes}
+
+
+def second_seed(first: dict, second: dict) -> dict:
+    """The top two settings' scores at both tuning seeds: {setting: (first, second, mean)}, and whether the mean
+    of the two seeds would choose another setting than the rule's (first seed) choice ("flips")."""
+    pair = [name for name in top_two(first) if name in second]
+    rows = {name: (first[name][0], second[name], (first[name][0] + second[name]) / 2) for name in pair}
+    by_mean = choose({k: v[2] for k, v in rows.items()}, {k: first[k][1] for k in rows}) if rows else None
+    return {"rows": rows, "chosen": top_two(first)[0], "by_mean": by_mean,
+            "flips": by_mean is not None and by_mean != top_two(first)[0]}
+
+
+def search(methods: dict, results, run, cap: int = EXTRA_RUNS) -> None:
+    """Every method's search to its end, in rounds: the runs next_runs asks of every method, handed to run as
+    [(method, setting, seed)]; results(method) gives (first, second) as next_runs reads them. A round that asks
+    the same runs as the one before (runs that failed) stops with an error."""
+    asked = None
+    while True:
+        todo = [(method, name, seed) for method, axes in methods.items()
+                for name, seed in next_runs(axes, *results(method), cap)]
+        if not todo:
+            return
+        if todo == asked:
+            raise SystemExit(f"error: these runs did not record a result: {todo}")
+        run(todo)
+        asked = todo
