@@ -98,8 +98,7 @@ class Args:
     eval_episodes: int = 256  # held-out responses scoring the initial and final policy (0: no evaluation)
     eval_checkpoint: str | None = None  # a --save-model folder: only score it on the held-out prompts
     eval_every: int = 0  # also score the held-out prompts every this many iterations (0: before and after)
-    eval_split: Literal["held_out", "validation", "test"] = "held_out"  # validation: training problems set
-    # aside; test (sums of 2+ digits): held-out problems past those held_out evaluates, each once
+    eval_split: Literal["held_out", "validation", "test"] = "held_out"  # validation: set-aside training sums
     eval_greedy: bool = False  # also score greedy decoding (the most likely token at every step)
 
     # models and task
@@ -472,8 +471,7 @@ def main(args: Args) -> dict:
     if args.eval_episodes > 0 and args.rank == 0:  # torchrun: process 0 evaluates
         held_out_evaluation(policy, "initial", 0)
     kl_coef = args.kl_coef
-    stats, iteration, interrupted, start_time = {}, 0, False, time.time()
-    train_cpu = 0.0  # process CPU seconds of the rollouts, advantages and updates (no evaluation)
+    stats, iteration, interrupted, start_time, train_cpu = {}, 0, False, time.time(), 0.0
     try:
         for iteration in range(1, args.num_iterations + 1):
             if args.anneal_lr:  # detail 4
@@ -482,7 +480,7 @@ def main(args: Args) -> dict:
                 optimizer.param_groups[1]["lr"] = frac * vf_learning_rate
 
             # 2. rollout: the responses and their scores, the reference's log-probs and the values
-            iteration_start, cpu_start = time.time(), time.process_time()
+            iteration_start, cpu_start = time.time(), time.process_time()  # train_cpu: no evaluation in it
             queries = next(query_iter)
             context_length = queries.shape[1]
             responses, logprobs, response_mask, contain_stop, raw_scores = sample(policy, queries)
@@ -551,8 +549,7 @@ def main(args: Args) -> dict:
                     nn.utils.clip_grad_norm_(trained_parameters, args.max_grad_norm)  # detail 11
                     optimizer.step()
                     optimizer.zero_grad(set_to_none=True)
-            update_time = time.time() - update_start
-            train_cpu += time.process_time() - cpu_start
+            update_time, train_cpu = time.time() - update_start, train_cpu + time.process_time() - cpu_start
 
             # 5. logging
             update_stats = {k: torch.stack(v).double().mean().item() for k, v in update_stats.items()}
@@ -776,7 +773,8 @@ def check_args(args: Args) -> None:
     require(("vf_learning_rate",), lambda v: v is None or v > 0, "positive or None")
     require(("gamma", "gae_lambda"), lambda v: 0 < v <= 1, "in (0, 1]")
     require(("kl_estimator",), lambda v: v in ("k1", "k3"), "k1 or k3")
-    require(("eval_split",), lambda v: v in ("held_out", "validation", "test"), "held_out, validation or test")
+    require(("eval_split",), lambda v: v in ("held_out", "validation", "test"),
+            "held_out, validation or test")
     if args.eval_split == "test" and (args.reward_model != "arithmetic" or args.arithmetic_digits < 2):
         raise SystemExit("error: --eval-split test: the unread held-out sums need --reward-model arithmetic "
                          "--arithmetic-digits 2 or more; use --eval-split held_out")
@@ -1066,7 +1064,8 @@ def verify_sum(text: str, response: str) -> float:
     return 1.0 if answer is not None and float(answer.group()) == int(a) + int(b) else -1.0
 
 
-def arithmetic_problems(digits: int, held_out: bool, validation: bool = False, test: bool = False) -> list[str]:
+def arithmetic_problems(digits: int, held_out: bool, validation: bool = False,
+                        test: bool = False) -> list[str]:
     """The prompts of --reward-model arithmetic: every sum of two numbers of `digits` digits, split once by a
     fixed seed (whatever --seed) into training and held-out problems; a + b and b + a on the same side. An
     eighth of the training pairs (fixed too) is the validation split: validation=True gives it,

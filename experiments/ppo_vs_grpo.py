@@ -46,6 +46,8 @@ import numpy as np
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import ppo_rlhf_gpt2 as rlhf  # noqa: E402  (the sums' splits)
 import protocol  # noqa: E402  (the tuning rule and budget)
 from protocol import difference_interval, mean_interval  # noqa: E402  (the t- and Welch intervals)
 
@@ -67,6 +69,9 @@ METHODS = {
 LABELS = {"ppo": "PPO", "grpo": "GRPO", "dr_grpo": "Dr. GRPO", "grpo_ppo_update": "GRPO, PPO's update",
           "grpo_tuned": "GRPO, tuned schedule", "rloo": "RLOO", "tuned_ppo": "PPO, tuned",
           "tuned_grpo": "GRPO, tuned", "tuned_rloo": "RLOO, tuned",
+          "searched_ppo": "PPO, searched", "searched_grpo": "GRPO, searched", "searched_rloo": "RLOO, searched",
+          "searched_grpo_equal_cpu": "GRPO, searched, PPO's training CPU time",
+          "searched_rloo_equal_cpu": "RLOO, searched, PPO's training CPU time",
           "tuned_grpo_equal_cpu": "GRPO, tuned, PPO's training time", "tuned_rloo_equal_cpu": "RLOO, tuned, "
           "PPO's training time"}
 # The tuning runs: one seed (100, not one of the comparison's), 512 completions, scored on 256 problems set aside
@@ -135,7 +140,9 @@ SEARCH = {
 }
 TEST_COMMON = COMMON + " --eval-split test"
 TEST_SEEDS = (13, 14, 15, 16, 17, 18)
+TEST_EVAL = 256  # --eval-episodes: the first 256 sums of the test split, each once
 SEARCH_RUNS = "docs/results/ppo_vs_grpo_runs/search"
+SEARCHED = ("searched_ppo", "searched_grpo", "searched_rloo")
 
 
 def search_flags(method: str, setting: str) -> str:
@@ -173,6 +180,107 @@ def search_results(records: list[dict], method: str, scalars_of) -> tuple[dict, 
         elif record["seed"] == protocol.SECOND_SEED:
             second[setting] = final
     return first, second
+
+
+def problems_read(records: list[dict]) -> tuple[set, int]:
+    """The two-digit held-out sums the recorded runs evaluated (the first --eval-episodes prompts of the held-out
+    split, which evaluate() cycles from the start), and how many runs read them."""
+    held_out, read, runs = rlhf.arithmetic_problems(2, held_out=True), set(), 0
+    for record in records:
+        flags = flag_dict(record["command"])
+        if flags.get("--arithmetic-digits") == "2" and flags.get("--eval-split", "held_out") == "held_out":
+            read |= set(held_out[: int(flags.get("--eval-episodes", 256))])
+            runs += 1
+    return read, runs
+
+
+def list_problems() -> None:
+    """`problems`: the test split's sums, and the held-out sums every recorded run under docs/results read."""
+    records = [r for f in sorted((ROOT / "docs/results").rglob("records.jsonl")) for r in recorded(f)]
+    read, runs = problems_read(records)
+    test = rlhf.arithmetic_problems(2, held_out=True, test=True)
+    pairs = {frozenset(map(int, re.findall(r"\d+", p))) for p in read}
+    unread = [p for p in test if frozenset(map(int, re.findall(r"\d+", p))) not in pairs]
+    print(f"{len(records)} recorded runs under docs/results; {runs} evaluated held-out sums: {len(read)} prompts, "
+          f"{len(pairs)} distinct sums")
+    print(f"test split (--eval-split test): {len(test)} distinct sums, {len(test) - len(unread)} of them read "
+          f"before; the first {TEST_EVAL} are the tables':")
+    print("\n".join(test[:TEST_EVAL]))
+
+
+def search_choice(first: dict) -> str:
+    """The rule's choice over a method's first tuning seed, {setting: (score, CPU minutes)}: the one setting both
+    `run --searched` runs and the report marks."""
+    return protocol.choose({k: v[0] for k, v in first.items()}, {k: v[1] for k, v in first.items()})
+
+
+def search_lines(records: list[dict]) -> list[str]:
+    """The page's part on the search: the rule, then each method's runs, where its choice sits on each axis, the
+    second seed's verdict and the method's tuning budget."""
+    lines = ["## The search (experiments/protocol.py: validation split, seeds 100 and 101, 512 completions)", "",
+             f"Each method's first grid (SEARCH, stated before its first run), then while the choice sits at an edge of "
+             f"an axis the value beyond it, at most {protocol.EXTRA_RUNS} runs beyond the grid a method; the rule: the "
+             "highest validation accuracy after 512 completions, the cheapest (CPU minutes) within 1 point; the top "
+             "two settings again at seed 101. Runs marked (earlier) are earlier runs whose commands are the "
+             "setting's.", ""]
+    for method, (axes, _) in SEARCH.items():
+        first, second = search_results(records, method, read_scalars)
+        if not first:
+            continue
+        grid, runs = protocol.first_grid(axes), [r for r in records if r["method"].split(" ")[0] == method]
+        chosen, check = search_choice(first), protocol.second_seed(first, second)
+        left = protocol.next_runs(axes, first, second)
+        where = "; ".join(f"{axis} {edge}" for axis, edge in protocol.edges(axes, first).items())
+        flip = ("" if not check["rows"] else " The mean of seeds 100 and 101 would choose " +
+                (f"`{check['by_mean']}` instead: the choice flips." if check["flips"] else "the same setting."))
+        lines += [f"**{LABELS[method]}**: {len(first)} settings at seed 100 ({len(grid)} in the first grid, "
+                  f"{len(first) - len([n for n in first if n in grid])} beyond it), {len(second)} at seed 101; "
+                  f"{sum(r['cpu_s'] for r in runs) / 60:.1f} CPU minutes in all. Chosen: `{chosen}`; on its axes: "
+                  f"{where}." + (f" Not finished: {len(left)} runs left." if left else "") + flip, "",
+                  "| setting | validation accuracy, seed 100 | seed 101 | CPU minutes | |", "|---|---|---|---|---|"]
+        reused = {r["method"][len(method) + 1 :] for r in runs if "reused_from" in r}
+        for name in [*[n for n in grid if n in first], *[n for n in first if n not in grid]]:
+            lines.append(f"| {name}{' (earlier)' * (name in reused)}{' (beyond the grid)' * (name not in grid)} | "
+                         f"{fmt(first[name][0])} | {fmt(second.get(name))} | {first[name][1]:.1f} | "
+                         f"{'chosen' * (name == chosen)} |")
+        lines.append("")
+    return lines
+
+
+def searched_methods(records: list[dict]) -> dict[str, str]:
+    """{searched_<method>: the flags the search chose}, the same choice the report marks (protocol.choose over the
+    first tuning seed); a clear error while a method's search has runs left."""
+    chosen = {}
+    for method, (axes, _) in SEARCH.items():
+        first, second = search_results(records, method, read_scalars)
+        left = protocol.next_runs(axes, first, second)
+        if left:
+            raise SystemExit(f"error: --searched: {method}'s search has {len(left)} runs left; run `python "
+                             "experiments/ppo_vs_grpo.py search` first")
+        chosen[f"searched_{method}"] = search_flags(method, search_choice(first))
+    return chosen
+
+
+def run_searched(args, runs: Path) -> None:
+    """`run --searched`: the search's choices at --seeds on the test split, every 128 completions evaluated
+    (whatever a setting's batch); with --equal-cpu, GRPO's and RLOO's for PPO's mean training CPU seconds."""
+    chosen = searched_methods(recorded((ROOT / args.search).resolve() / "records.jsonl"))
+    runs.mkdir(parents=True, exist_ok=True)
+
+    def common(flags: str, base: str = TEST_COMMON) -> str:
+        return base.replace("--eval-every 2", f"--eval-every {128 // int(flag_dict(flags).get('--batch-size', 64))}")
+
+    if not args.equal_cpu:
+        for method, flags in chosen.items():
+            run_all([method], args.seeds, runs, args.jobs, common(flags), chosen)
+        return
+    done = summarize([r for r in recorded(runs / "records.jsonl") if r["method"] in chosen], read_scalars)
+    if "searched_ppo" not in done:
+        raise SystemExit("error: --equal-cpu: no run of searched_ppo in --runs; run `run --searched` first")
+    budget = equal_cpu_completions(done, key="train_cpu_s", ppo_key="searched_ppo", others=SEARCHED[1:])
+    for method, completions in budget.items():
+        flags = chosen[method[: -len("_equal_cpu")]]
+        run_all([method], args.seeds, runs, args.jobs, equal_cpu_common(TEST_COMMON, completions), {method: flags})
 
 
 def run_search(methods: list[str], runs: Path, jobs: int, reuse: list[Path]) -> None:
@@ -217,13 +325,15 @@ SEEDS = (7, 8, 9, 10, 11, 12)
 EQUAL_CPU = ("tuned_grpo", "tuned_rloo")
 
 
-def equal_cpu_completions(methods: dict, completions: int = 512, batch_size: int = 64) -> dict[str, int]:
-    """{<method>_equal_cpu: completions} from summarize()'s runs at `completions` of tuned_ppo and EQUAL_CPU."""
-    ppo = float(np.mean([run["train_s"] for run in methods["tuned_ppo"]]))
+def equal_cpu_completions(methods: dict, completions: int = 512, batch_size: int = 64, key: str = "train_s",
+                          ppo_key: str = "tuned_ppo", others=EQUAL_CPU) -> dict[str, int]:
+    """{<method>_equal_cpu: completions} from summarize()'s runs at `completions` of ppo_key and the others: as
+    many as each one's `key` (training seconds, or training CPU seconds) per completion buys in PPO's mean."""
+    ppo = float(np.mean([run[key] for run in methods[ppo_key]]))
     out = {}
-    for method in EQUAL_CPU:
+    for method in others:
         if method in methods:
-            per_completion = float(np.mean([run["train_s"] for run in methods[method]])) / completions
+            per_completion = float(np.mean([run[key] for run in methods[method]])) / completions
             out[f"{method}_equal_cpu"] = int(ppo / per_completion // batch_size * batch_size)
     return out
 
@@ -370,15 +480,18 @@ def last_mean(scalars: dict, tag: str, last: int) -> float:
 def summarize(records: list[dict], scalars_of) -> dict:
     """Per method: the runs' curves and end-of-run measures, seed by seed."""
     methods = {}
-    order = [*METHODS, "tuned_ppo", "tuned_grpo", "tuned_rloo", *(f"{m}_equal_cpu" for m in EQUAL_CPU)]
+    order = [*METHODS, "tuned_ppo", "tuned_grpo", "tuned_rloo", *(f"{m}_equal_cpu" for m in EQUAL_CPU),
+             *SEARCHED, *(f"{m}_equal_cpu" for m in SEARCHED[1:])]
     for record in sorted(records, key=lambda r: (order.index(r["method"]), r["seed"])):
         scalars = scalars_of(record["run_dir"])
-        curves = run_curves(scalars, 64)
+        curves = run_curves(scalars, int(flag_dict(record["command"]).get("--batch-size", 64)))
         methods.setdefault(record["method"], []).append({
             "seed": record["seed"], "command": record["command"], "date": record["date"],
             "commit": record["commit"], **curves,
             "peak_rss_gb": record["peak_rss_gb"], "wall_s": record["wall_s"], "cpu_s": record.get("cpu_s"),
             "train_s": curves["seconds"][-1],
+            # process CPU seconds of the training (rollouts, advantages, updates), where the run logged them
+            "train_cpu_s": scalars["time/train_cpu"][-1][1] if "time/train_cpu" in scalars else None,
             "length_right": last_mean(scalars, "val/length_right", 2),
             "length_wrong": last_mean(scalars, "val/length_wrong", 2),
             "zero_advantage_groups": last_mean(scalars, "val/zero_advantage_groups", 10**6),
@@ -607,6 +720,9 @@ def main() -> None:
     run.add_argument("--tuning", default=RUNS + "_protocol_tuning", help="the protocol's tuning runs (--tuned)")
     run.add_argument("--equal-cpu", action="store_true", help="with --tuned: GRPO's and RLOO's chosen settings "
                      "for as many completions as tuned PPO's training time buys them (EQUAL_CPU)")
+    run.add_argument("--searched", action="store_true", help="run the search's chosen settings (searched_ppo, "
+                     "searched_grpo, searched_rloo) at --seeds on the test split, read from --search")
+    run.add_argument("--search", default=SEARCH_RUNS + "/tuning", help="the search's runs (--searched)")
     tune = sub.add_parser("tune", help="the protocol's tuning runs (GRIDS), on the validation split, one seed")
     tune.add_argument("--jobs", type=int, default=2, help="runs at a time (at most one per idle core)")
     tune.add_argument("--runs", default=RUNS + "_protocol_tuning", help="runs folder and records.jsonl")
@@ -618,6 +734,7 @@ def main() -> None:
     search.add_argument("--methods", nargs="+", default=list(SEARCH), choices=list(SEARCH))
     search.add_argument("--reuse", nargs="*", default=["docs/results/ppo_vs_grpo_runs/protocol_tuning"],
                         help="runs folders whose runs count where their commands are a setting's")
+    sub.add_parser("problems", help="list the test sums and the held-out sums the recorded runs read")
     report = sub.add_parser("report", help="write the results page from the records")
     report.add_argument("--runs", default=RUNS)
     report.add_argument("--tuning", default=RUNS + "_tuning", help="the tuning runs' folder (if it has records)")
@@ -625,8 +742,10 @@ def main() -> None:
                         "as an earlier sitting's")
     report.add_argument("--out", default="docs/results/ppo_vs_grpo")
     args = parser.parse_args()
-    runs = (ROOT / args.runs).resolve()
-    if args.subcommand == "run" and args.tuned:
+    runs = (ROOT / args.runs).resolve() if args.subcommand != "problems" else None
+    if args.subcommand == "run" and args.searched:
+        run_searched(args, runs)
+    elif args.subcommand == "run" and args.tuned:
         tuning = recorded((ROOT / args.tuning).resolve() / "records.jsonl")
         chosen = tuned_methods(tuning_results(tuning, read_scalars))
         runs.mkdir(parents=True, exist_ok=True)
@@ -642,6 +761,8 @@ def main() -> None:
     elif args.subcommand == "run":
         runs.mkdir(parents=True, exist_ok=True)
         run_all(args.methods, args.seeds, runs, args.jobs, args.common)
+    elif args.subcommand == "problems":
+        list_problems()
     elif args.subcommand == "search":
         runs.mkdir(parents=True, exist_ok=True)
         run_search(args.methods, runs, args.jobs, [(ROOT / folder).resolve() for folder in args.reuse])

@@ -121,7 +121,12 @@ def step_beyond(axis: Axis, value: str, direction: int) -> str | None:
     x = float(value) * axis.factor**direction
     if not axis.low <= x <= axis.high:
         return None
-    return str(int(round(x))) if x >= 1 and abs(x - round(x)) < 1e-9 else f"{x:.3g}".replace("e-0", "e-")
+    if x >= 1 and abs(x - round(x)) < 1e-9:
+        return str(int(round(x)))
+    if x >= 0.01:
+        return f"{x:.3g}"
+    mantissa, exponent = f"{x:.2e}".split("e")  # 1.6e-4, not 0.00016
+    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
 
 
 def beyond(axes: dict, ran: list[str], chosen: str) -> dict:
@@ -172,12 +177,14 @@ def top_two(first: dict) -> list[str]:
 
 def edges(axes: dict, first: dict, cap: int = EXTRA_RUNS) -> dict:
     """Where the rule's choice sits on each axis: {axis: "inside"} or the edges, each "lowest"/"highest" with why
-    the search did not go beyond: "none allowed" (the axis's range) or "cap reached"."""
+    the search did not go beyond: "none allowed" (the axis's range), "cap reached", or "not run yet"."""
     chosen = choose({k: v[0] for k, v in first.items()}, {k: v[1] for k, v in first.items()})
+    grid = first_grid(axes)
+    why = "cap reached" if len([name for name in first if name not in grid]) >= cap else "not run yet"
     out = {}
     for (axis, direction), name in beyond(axes, list(first), chosen).items():
         side = "lowest" if direction < 0 else "highest"
-        out.setdefault(axis, []).append(f"{side} ({'none allowed' if name is None else 'cap reached'})")
+        out.setdefault(axis, []).append(f"{side} ({'none allowed' if name is None else why})")
     return {axis: ", ".join(out.get(axis, [])) or "inside" for axis in axes}
 
 

@@ -82,17 +82,32 @@ METHODS = {
 # learning rate and beta. The ranges were set after the runs above, which read the test prompts.
 STOP_KL = 3.0
 TUNE_RL = "--num-minibatches 4 --update-epochs 1 --eval-every 2"
-TUNING = {
-    "dpo": protocol.grid(lambda lr, beta: f"--beta {beta} --preferences {{prefs}} --eval-fraction 0.2 --split-seed 1 "
-                         f"--learning-rate {lr} --eval-every 3",
-                         lr=("5e-5", "1e-4", "2e-4", "4e-4"), beta=("0.1", "0.3")),
-    "ppo": protocol.grid(lambda lr, kl_coef, batch: f"--reward-model {{rm}} --kl-coef {kl_coef} --kl-target None "
-                         f"--learning-rate {lr} --batch-size {batch} --total-episodes {20 * int(batch)} {TUNE_RL}",
-                         lr=("5e-5", "1e-4"), kl_coef=("0.01", "0.05"), batch=("64", "128")),
-    "grpo": protocol.grid(lambda lr, beta, G: f"--reward-model {{rm}} --beta {beta} --num-generations {G} "
-                          f"--learning-rate {lr} --batch-size 64 --total-episodes 1280 {TUNE_RL}",
-                          lr=("5e-5", "1e-4"), beta=("0.01", "0.04"), G=("4", "8")),
+FLAGS = {
+    "dpo": lambda lr, beta: f"--beta {beta} --preferences {{prefs}} --eval-fraction 0.2 --split-seed 1 "
+                            f"--learning-rate {lr} --eval-every 3",
+    "ppo": lambda lr, kl_coef, batch: f"--reward-model {{rm}} --kl-coef {kl_coef} --kl-target None --learning-rate "
+                                      f"{lr} --batch-size {batch} --total-episodes {20 * int(batch)} {TUNE_RL}",
+    "grpo": lambda lr, beta, G: f"--reward-model {{rm}} --beta {beta} --num-generations {G} --learning-rate {lr} "
+                                f"--batch-size 64 --total-episodes 1280 {TUNE_RL}",
 }
+TUNING = {
+    "dpo": protocol.grid(FLAGS["dpo"], lr=("5e-5", "1e-4", "2e-4", "4e-4"), beta=("0.1", "0.3")),
+    "ppo": protocol.grid(FLAGS["ppo"], lr=("5e-5", "1e-4"), kl_coef=("0.01", "0.05"), batch=("64", "128")),
+    "grpo": protocol.grid(FLAGS["grpo"], lr=("5e-5", "1e-4"), beta=("0.01", "0.04"), G=("4", "8")),
+}
+# The search (protocol.next_runs), stated before its first run: the grids above with 4 learning rates about 2x
+# apart (PPO's and GRPO's two lower ones added, where their choices sat), each other axis stepped by its values'
+# spacing beyond an edge, the cap protocol.EXTRA_RUNS. TUNING's runs are its runs (the same names and flags).
+# The chosen settings then run at FRESH_SEEDS on shared.FRESH_TEST_PROMPTS (--split fresh), read by no run before.
+Axis = protocol.Axis
+SEARCH = {
+    "dpo": dict(lr=Axis(("5e-5", "1e-4", "2e-4", "4e-4")), beta=Axis(("0.1", "0.3"), factor=3)),
+    "ppo": dict(lr=Axis(("1.25e-5", "2.5e-5", "5e-5", "1e-4")), kl_coef=Axis(("0.01", "0.05"), factor=5),
+                batch=Axis(("64", "128"), low=16, high=512)),
+    "grpo": dict(lr=Axis(("1.25e-5", "2.5e-5", "5e-5", "1e-4")), beta=Axis(("0.01", "0.04"), factor=4),
+                 G=Axis(("4", "8"), low=2, high=64)),
+}
+FRESH_SEEDS = (7, 8, 9)
 MEASURED = {dpo: "evaluate_samples", rlhf: "evaluate", grpo: "evaluate"}  # the evaluation each script calls
 BEST_OF_N = "best_of_n"
 
@@ -110,7 +125,8 @@ class Common:
     eval_seed: int = 0
     """the seed of the evaluation's random stream (the same draws at every point)"""
     split: str = "test"
-    """the prompts measured: `test` (the tables') or `validation` (the tuning's, VALIDATION_PROMPTS)"""
+    """the prompts measured: `test` (the tables' before the search), `validation` (the tuning's,
+    VALIDATION_PROMPTS) or `fresh` (the search's test prompts, shared.FRESH_TEST_PROMPTS)"""
     flags: str = "--no-cuda --num-threads 1"
     """flags added to every script's command"""
 
@@ -137,6 +153,8 @@ class Run(Common):
     """best-of-n: responses sampled per prompt (n = 1, 2, 4, ... up to it)"""
     tuned: bool = False
     """run each method's setting chosen by its tuning runs (<runs>/tuning) instead of --settings"""
+    searched: bool = False
+    """run each method's setting chosen by its search (SEARCH, <runs>/tuning) on the fresh test prompts"""
     bf16: bool = False
     """each setting with --bf16 (detail 53; measured in fp32 all the same): rows of their own, '<setting> bf16'"""
 
@@ -151,6 +169,14 @@ class Tune(Common):
     """only these settings of each grid (default: all)"""
     split: str = "validation"
     """the prompts the tuning runs are measured on"""
+
+
+@dataclass
+class Search(Common):
+    preferences: str = "vader_2000.jsonl"
+    """the preference file: DPO trains on it, the others on the reward model learned from it"""
+    methods: list[str] = field(default_factory=lambda: [*SEARCH])
+    """which methods' searches (dpo ppo grpo)"""
 
 
 @dataclass
@@ -208,8 +234,9 @@ class Frontier:
         self.tokenizer, self.stop_token_id = dpo.load_tokenizer(common.model_name, self.args.stop_token)
         self.reference = dpo.load_policy(common.model_name, self.device)
         self.gold_fn = dpo.load_gold_fn(self.args, self.device)
-        self.prompts = (shared.load_eval_prompts(None, common.num_prompts) if common.split == "test" else
-                        [VALIDATION_PROMPTS[i % len(VALIDATION_PROMPTS)] for i in range(common.num_prompts)])
+        prompts = {"validation": VALIDATION_PROMPTS, "fresh": shared.FRESH_TEST_PROMPTS}.get(common.split)
+        self.prompts = (shared.load_eval_prompts(None, common.num_prompts) if prompts is None else
+                        [prompts[i % len(prompts)] for i in range(common.num_prompts)])
 
     def measure(self, policy, samples_per_prompt: int, reward_fn=None, batch_size: int = 16) -> dict:
         """(prompts, samples) arrays of gold, KL (k1, summed over the response) and, given reward_fn, its score;
@@ -278,7 +305,7 @@ class Frontier:
 
 def initial_point(frontier: Frontier, runs: str) -> dict:
     """The initial policy's point, measured once and shared by every run (KL 0 by construction)."""
-    path = os.path.join(runs, "initial.json")
+    path = os.path.join(runs, "initial.json" if frontier.common.split != "fresh" else "initial_fresh.json")
     if not os.path.exists(path):
         write_json(path, {**frontier.point(frontier.reference), "common": dataclasses.asdict(frontier.common)})
     return read_json(path)
@@ -368,7 +395,7 @@ def train_and_measure(frontier: Frontier, initial: dict, method: str, setting: s
     for step, point in zip(steps, points):
         point.update(step=step, **{unit: step * args.batch_size})
     record = dict(method=method, setting=setting, seed=seed, command=command, cpu_minutes=cpu / 60, points=points,
-                  run_dir=result["run_dir"])
+                  run_dir=result["run_dir"], split=common.split)
     if stop_kl is not None:
         record["stop_kl"], record["stopped"] = stop_kl, stopped
     if module is dpo and not stopped:
@@ -445,6 +472,9 @@ def run(args: Run) -> None:
         raise SystemExit(f"error: --methods {' '.join(sorted(unknown))}: not one of {[*METHODS, BEST_OF_N]}")
     if args.tuned:
         chosen = tuned_settings(os.path.join(ROOT, args.runs, "tuning"), [m for m in args.methods if m in TUNING])
+    if args.searched:  # the search's choices, measured on the prompts no run read before (split "fresh")
+        chosen = searched_settings(os.path.join(ROOT, args.runs, "tuning"), [m for m in args.methods if m in SEARCH])
+        args = dataclasses.replace(args, split="fresh")
     reward_model = reward_model_path(args, args.methods)
     torch.set_num_threads(1)  # as the scripts' --num-threads 1: best-of-n runs in this process
     frontier = Frontier(args)
@@ -454,7 +484,10 @@ def run(args: Run) -> None:
         if not os.path.exists(path):
             write_json(path, best_of_n_record(frontier, reward_model, args.best_of_n))
     for method in [m for m in METHODS if m in args.methods]:
-        if args.tuned:
+        if args.searched:
+            settings = {chosen[method]: FLAGS[method](**protocol.parse_setting(chosen[method], SEARCH[method]))
+                        } if method in chosen else {}
+        elif args.tuned:
             settings = {chosen[method]: TUNING[method][chosen[method]]} if method in chosen else {}
         else:
             settings = {k: v for k, v in METHODS[method][1].items() if not args.settings or k in args.settings}
@@ -480,6 +513,54 @@ def tune(args: Tune) -> None:
     for method in args.methods:
         settings = {k: v for k, v in TUNING[method].items() if not args.settings or k in args.settings}
         run_settings(frontier, initial, method, settings, [protocol.TUNING_SEED], tuning, reward_model, STOP_KL)
+
+
+def search(args: Search) -> None:
+    """Each method's search (protocol.search over SEARCH) on the validation prompts, each run stopped at its first
+    point at KL >= STOP_KL; records in <runs>/tuning/, where TUNING's count as the search's."""
+    check_file(args.preferences)
+    unknown = set(args.methods) - set(SEARCH)
+    if unknown:
+        raise SystemExit(f"error: --methods {' '.join(sorted(unknown))}: not one of {[*SEARCH]}")
+    reward_model = reward_model_path(args, args.methods)
+    tuning = dataclasses.replace(args, runs=os.path.join(args.runs, "tuning"), split="validation")
+    torch.set_num_threads(1)
+    frontier = Frontier(tuning)
+    initial = initial_point(frontier, os.path.join(ROOT, tuning.runs))
+
+    def run(todo):
+        for method, setting, seed in todo:
+            flags = {setting: FLAGS[method](**protocol.parse_setting(setting, SEARCH[method]))}
+            run_settings(frontier, initial, method, flags, [seed], tuning, reward_model, STOP_KL)
+
+    protocol.search({m: SEARCH[m] for m in args.methods},
+                    lambda method: search_results(os.path.join(ROOT, tuning.runs), method), run)
+
+
+def search_results(tuning_runs: str, method: str) -> tuple[dict, dict]:
+    """protocol.next_runs's view of a method's tuning records: ({setting: (validation gold at KL STOP_KL, CPU
+    minutes to it)} at TUNING_SEED, {setting: gold} at SECOND_SEED); None where a run never reached STOP_KL."""
+    first, second = {}, {}
+    for path in sorted(glob.glob(os.path.join(tuning_runs, method, "*.json"))):
+        r = read_json(path)
+        if r["seed"] == protocol.TUNING_SEED:
+            first[r["setting"]] = (gold_at_kl(r["points"], STOP_KL), cpu_at_kl(r, STOP_KL))
+        elif r["seed"] == protocol.SECOND_SEED:
+            second[r["setting"]] = gold_at_kl(r["points"], STOP_KL)
+    return first, second
+
+
+def searched_settings(tuning_runs: str, methods) -> dict[str, str]:
+    """Each method's setting by the protocol's rule over its search's first seed, once the search is done."""
+    chosen = {}
+    for method in methods:
+        first, second = search_results(tuning_runs, method)
+        left = protocol.next_runs(SEARCH[method], first, second) if first else ["all"]
+        if left:
+            raise SystemExit(f"error: --searched: {method}'s search has {len(left)} runs left; run `python "
+                             "experiments/rlhf_frontier.py search` first")
+        chosen[method] = protocol.choose({k: v[0] for k, v in first.items()}, {k: v[1] for k, v in first.items()})
+    return chosen
 
 
 def tuning_table(tuning_runs: str, method: str) -> list[dict]:
@@ -515,8 +596,8 @@ def tuned_settings(tuning_runs: str, methods) -> dict[str, str]:
 def frontier_rows(records: list[dict]) -> list[dict]:
     """One row per method and setting: the gold at each KL target over its seeds, and its CPU minutes."""
     rows = {}
-    for r in records:
-        rows.setdefault((r["method"], r["setting"]), []).append(r)
+    for r in records:  # the fresh test prompts' runs are rows of their own
+        rows.setdefault((r["method"], r["setting"] + " (fresh)" * (r.get("split") == "fresh")), []).append(r)
     out = []
     for (method, setting), runs in rows.items():
         row = {"method": method, "setting": setting, "seeds": sorted(r["seed"] for r in runs),
@@ -743,6 +824,8 @@ VALIDATION_PROMPTS = [
 if __name__ == "__main__":
     sub = tyro.conf.subcommand
     args = tyro.cli(Union[Annotated[RewardModel, sub("reward-model")], Annotated[Tune, sub("tune")],
-                          Annotated[Run, sub("run")], Annotated[Report, sub("report")]])
-    {RewardModel: run_reward_model, Tune: tune, Run: run, Report: lambda a: print(report(a))}[type(args)](args)
+                          Annotated[Search, sub("search")], Annotated[Run, sub("run")],
+                          Annotated[Report, sub("report")]])
+    {RewardModel: run_reward_model, Tune: tune, Search: search, Run: run,
+     Report: lambda a: print(report(a))}[type(args)](args)
 

@@ -86,3 +86,36 @@ MORE_EVAL_PROMPTS = [
     "The scenes on the spaceship", "Watching this on a plane,", "This film about two rival chefs",
     "The flashbacks to the war", "The ending everyone is talking about", "The first time the hero speaks,",
 ]
+
+
+# The frontier's fresh test prompts: 64 more openings, written before any run of the search (protocol.py's) and
+# read by no run before its grids were fixed; rlhf_frontier.py's split "fresh". Distinct from every other prompt
+# list here, in ppo_rlhf_gpt2.py and in rlhf_frontier.py (a test checks).
+FRESH_TEST_PROMPTS = [
+    "The narrator's voice over the opening shots", "My neighbor recommended this film, and",
+    "The fourth installment of the saga", "The crowd at the drive-in", "This noir shot in color",
+    "The heroine's younger sister", "Every trailer I saw on television", "The chase across the rooftops",
+    "Nothing about the poster suggested that the film", "The retired spy who narrates the story",
+    "This tale of two brothers", "The closed captions on the stream I watched",
+    "My history teacher showed us this because",
+    "The voyage that fills the last third of the film", "This documentary about a marathon runner",
+    "The prison scenes in the second half", "Somewhere in the middle of the third act,",
+    "The makeup in this fantasy epic",
+    "The film's long tracking shot", "This puppet film for adults", "My older cousin thought the movie",
+    "The creature in the basement", "The arguments between father and daughter", "This caper set in Rome",
+    "The subplot about the election", "Two and a half hours later, the film",
+    "The newsreel they played before the feature",
+    "The final shot of the mountains", "This western about a cattle drive", "The villain's laugh",
+    "The remake that arrived twenty years late", "The slapstick in the first reel", "This film about a tiny bookshop",
+    "The storm sequence at sea", "When the credits rolled, my friends", "The flashback to the villain's childhood",
+    "This version of an old opera", "The rivalry between the two singers", "The rhythm of the first hour",
+    "This biopic of a chess champion", "The horse in this film", "The scenes on the submarine",
+    "Watching this on a laptop,", "This film about two rival tailors", "The dream sequences",
+    "The twist everyone warned me about", "The first time the ghost appears,", "My film club voted for this because",
+    "The movie's long silences", "This animated feature about a fox", "The choreography of the fights",
+    "The director's third feature", "The cameo by a famous singer", "This road movie across Canada",
+    "Once the lights went down, the film", "The courtroom drama at the center of the plot", "The wedding scene",
+    "This thriller about a missing painting", "The twins who play the leads", "The last ten minutes of the film",
+    "This quiet drama about a fisherman", "The mystery of the locked room", "My date and I agreed that this movie",
+    "The opening scene at the airport",
+]

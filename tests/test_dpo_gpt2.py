@@ -597,3 +597,43 @@ def test_held_out_samples_are_the_trained_policy_s_on_held_out_prompts_against_t
     assert abs(by_prompt(kls)) > 0.01  # a policy that moved
     assert scalars["eval/kl"][-1][1] == pytest.approx(by_prompt(kls), rel=1e-4, abs=1e-5)
     assert scalars["eval/gold_scores"][-1][1] == pytest.approx(by_prompt(golds), rel=1e-5)
+
+
+def test_each_epoch_visits_the_training_comparisons_once_in_a_new_order(tiny, tmp_path, monkeypatch):
+    """Three epochs of 4 steps of 4 comparisons over 18 training ones: each epoch 16 distinct comparisons, in an
+    order that is neither the file's nor the epoch before's; with --bf16 too, whose first epoch's order is drawn
+    before the reference's pass."""
+    seen, real = [], dpo.response_logps
+
+    def response_logps(model, tokenizer, comparisons, *a):
+        if torch.is_grad_enabled():
+            seen.append([(c["prompt"], c["chosen"]) for c in comparisons])
+        return real(model, tokenizer, comparisons, *a)
+
+    monkeypatch.setattr(dpo, "response_logps", response_logps)
+    rows = comparisons_of(rlhf.PROMPTS[:12])
+    file_order = [(c["prompt"], c["chosen"]) for c in rows]
+    for bf16 in (False, True):
+        seen.clear()
+        dpo.main(tiny_args(tiny, tmp_path / f"bf16_{bf16}", num_epochs=3, bf16=bf16))
+        epochs = [sum(seen[8 * i : 8 * (i + 1)], []) for i in range(3)]  # 4 steps x 2 micro-batches an epoch
+        assert len(seen) == 24 and all(len(set(e)) == len(e) == 16 for e in epochs)
+        trained = [k for k in file_order if any(k in e for e in epochs)]
+        assert len(trained) == 18  # the 18 training comparisons, 2 of them left out of each epoch
+        assert epochs[0] != trained[:16] and epochs[0] != epochs[1] != epochs[2] != epochs[0]
+
+
+def test_the_gold_labeler_s_ceiling_is_over_the_held_out_comparisons_only(tiny, tmp_path):
+    """Gold that disagrees with the labels on some prompts: the ceiling is the held-out comparisons' share where
+    the gold agrees (by hand from the split), not the whole file's."""
+    rows = comparisons_of(rlhf.PROMPTS[:12])
+    for i, row in enumerate(rows):
+        if i % 4 == 0:  # the gold prefers the rejected response on every second prompt's first comparison
+            row["gold_chosen"], row["gold_rejected"] = -1.0, 1.0
+    args = tiny_args(tiny, tmp_path, preferences=write_lines(tmp_path / "prefs.jsonl", rows), num_epochs=1)
+    result = dpo.main(args)
+    split_seed = args.seed if args.split_seed is None else args.split_seed
+    _, held_out = dpo.split_comparisons([r["prompt"] for r in rows], args.eval_fraction, split_seed)
+    expected = sum(rows[i]["gold_chosen"] > rows[i]["gold_rejected"] for i in held_out) / len(held_out)
+    whole = sum(r["gold_chosen"] > r["gold_rejected"] for r in rows) / len(rows)
+    assert result["gold_accuracy"] == pytest.approx(expected) and expected != pytest.approx(whole)

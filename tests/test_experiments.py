@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -922,3 +923,120 @@ def test_ppo_vs_grpo_reads_a_committed_copy_of_runs_from_beside_its_records(tmp_
         + json.dumps({"method": "rloo", "run_dir": "/elsewhere/runs/gone__7__1"}) + "\n")
     assert [r["run_dir"] for r in pvg.recorded(tmp_path / "records.jsonl")] == [
         str(tmp_path / "ppo__7__1"), str(tmp_path / "ppo__7__1"), "/elsewhere/runs/gone__7__1"]
+
+
+# ------------------------------------------------------------------------------------ ppo_vs_grpo's search
+
+
+def test_ppo_vs_grpo_search_grids_meet_the_protocol_and_their_commands_parse():
+    pvg = load("ppo_vs_grpo")
+    for method, (axes, _) in pvg.SEARCH.items():
+        lr = [float(v) for v in axes["lr"].values]
+        assert len(lr) >= 4 and all(1.8 <= b / a <= 2.3 for a, b in zip(lr, lr[1:]))  # about 2x apart
+        assert len(axes) == 3 and all(len(axis.values) >= 2 for axis in axes.values())
+        for name in pvg.protocol.first_grid(axes):
+            command = pvg.command_of(f"{method} {name}", 100, "runs", pvg.TUNING_COMMON,
+                                     {f"{method} {name}": pvg.search_flags(method, name)})
+            flags = [w for w in command if w.startswith("--")]
+            assert len(flags) == len(set(flags))  # a setting's flag replaces the common one
+            module = importlib.import_module(command[1][:-3])
+            args = tyro.cli(module.Args, args=command[2:])
+            module.check_args(args)
+            setting = pvg.protocol.parse_setting(name, axes)
+            assert args.eval_split == "validation" and args.total_episodes == 512 and args.eval_every == 0
+            assert args.learning_rate == float(setting["lr"])
+            if method == "ppo":
+                assert (args.update_epochs, args.batch_size) == (int(setting["epochs"]), int(setting["batch"]))
+            else:
+                assert args.beta == 0 and args.num_generations == int(setting["G"])
+                assert args.num_minibatches == int(setting["steps"]) and args.advantage == method
+    assert pvg.merge_flags(["--a", "1", "--no-cuda", "--b", "2"], ["--b", "3", "--c", "x"]) == [
+        "--a", "1", "--no-cuda", "--b", "3", "--c", "x"]
+
+
+def test_ppo_vs_grpo_search_counts_earlier_runs_by_their_flags_and_report_and_run_agree(tmp_path, monkeypatch):
+    """A search over a small made-up grid: an earlier run with the same flags in another order is recorded, not
+    run; one with another flag runs; the search ends; the setting `run --searched` runs is the one the page marks."""
+    pvg = load("ppo_vs_grpo")
+    axes = {"lr": pvg.protocol.Axis(("1e-5", "2e-5", "4e-5", "8e-5")), "G": pvg.protocol.Axis(("4", "8"), low=2, high=8)}
+    monkeypatch.setattr(pvg, "SEARCH", {"rloo": (axes, lambda lr, G: f"grpo_gpt2.py --advantage rloo --num-generations "
+                                                                      f"{G} --learning-rate {lr}")})
+    monkeypatch.setattr(pvg, "ROOT", tmp_path)
+    truth = {("2e-5", "4"): 0.50, ("2e-5", "8"): 0.49, ("4e-5", "4"): 0.45}  # 2e-5 G 8 within a point, cheaper
+    logs, ran = {}, []
+
+    def score(flags: str) -> float:
+        d = pvg.flag_dict(flags)
+        return truth.get((d["--learning-rate"], d["--num-generations"]), 0.2)
+
+    def fake_run_items(items, runs, jobs, common, flags):
+        for name, seed in items:
+            ran.append((name, seed))
+            logs[f"{name}{seed}"] = {"eval/accuracy": [(0, 0.1), (8, score(flags[name]) - 0.01 * (seed == 101))]}
+            record = {"method": name, "seed": seed, "run_dir": f"{name}{seed}", "cpu_s": 60.0 * (2 if "G 4" in name else 1),
+                      "command": "python " + " ".join(pvg.command_of(name, seed, "r", common, flags)[1:])}
+            with open(runs / "records.jsonl", "a") as f:
+                f.write(json.dumps(record) + "\n")
+
+    monkeypatch.setattr(pvg, "run_items", fake_run_items)
+    monkeypatch.setattr(pvg, "read_scalars", lambda run_dir: logs[Path(run_dir).name])
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    same = ("python grpo_gpt2.py --learning-rate 1e-5 --num-generations 4 --advantage rloo " + pvg.TUNING_COMMON +
+            " --seed 100 --runs-dir elsewhere --exp-name old_a")
+    other = same.replace("--exp-name old_a", "--exp-name old_b").replace("--num-generations 4", "--num-generations 8 --beta 0.1")
+    (earlier / "records.jsonl").write_text(
+        json.dumps({"method": "old a", "seed": 100, "command": same, "run_dir": "/x/old_a__100__1", "cpu_s": 30.0}) + "\n" +
+        json.dumps({"method": "old b", "seed": 100, "command": other, "run_dir": "/x/old_b__100__1", "cpu_s": 30.0}) + "\n")
+    logs["old_a__100__1"] = {"eval/accuracy": [(0, 0.1), (8, 0.2)]}
+    runs = tmp_path / "search"
+    runs.mkdir()
+    pvg.run_search(["rloo"], runs, 2, [earlier])
+    records = pvg.recorded(runs / "records.jsonl")
+    assert ("rloo lr 1e-5 G 4", 100) not in ran and ("rloo lr 1e-5 G 8", 100) in ran  # old b has --beta 0.1
+    reused = [r for r in records if "reused_from" in r]
+    assert [(r["method"], r["reused_from"]) for r in reused] == [("rloo lr 1e-5 G 4", "old a")]
+    assert Path(reused[0]["run_dir"]) == earlier / "old_a__100__1"
+    # the grid's 8, then the choice (2e-5 G 8: within a point of 2e-5 G 4's 0.50 and half its CPU) sits at the
+    # top of G (high 8: none allowed) and inside lr; then the top two (2e-5 G 8 and 2e-5 G 4) at seed 101
+    assert [n for n, s in ran if s == 100] == [f"rloo {n}" for n in pvg.protocol.first_grid(axes)][1:]
+    assert [(n, s) for n, s in ran if s == 101] == [("rloo lr 2e-5 G 8", 101), ("rloo lr 2e-5 G 4", 101)]
+    assert pvg.searched_methods(records) == {"searched_rloo": pvg.search_flags("rloo", "lr 2e-5 G 8")}
+    page = "\n".join(pvg.search_lines(records))
+    assert "| lr 2e-5 G 8 | 49.0% | 48.0% | 1.0 | chosen |" in page
+    assert "| lr 1e-5 G 4 (earlier) | 20.0% | n/a | 0.5 |  |" in page
+    assert "Chosen: `lr 2e-5 G 8`; on its axes: lr inside; G highest (none allowed)." in page
+    assert "would choose the same setting" in page
+    with pytest.raises(SystemExit, match="search has 1 runs left"):
+        pvg.searched_methods([r for r in records if r["method"] != "rloo lr 2e-5 G 4" or r["seed"] != 101])
+
+
+def test_ppo_vs_grpo_problems_read_are_the_first_evaluated_held_out_prompts_of_two_digit_runs():
+    pvg = load("ppo_vs_grpo")
+    held_out = pvg.rlhf.arithmetic_problems(2, held_out=True)
+    base = "python ppo_rlhf_gpt2.py --reward-model arithmetic --arithmetic-digits 2 --seed 1"
+    records = [{"command": base + " --eval-episodes 4"}, {"command": base + " --eval-episodes 6 --eval-split validation"},
+               {"command": base.replace("digits 2", "digits 1") + " --eval-episodes 9"}, {"command": base}]
+    read, runs = pvg.problems_read(records)
+    assert runs == 2 and read == set(held_out[:256])  # the default --eval-episodes is 256
+    read, runs = pvg.problems_read(records[:3])
+    assert runs == 1 and read == set(held_out[:4])
+
+
+def test_ppo_vs_grpo_equal_cpu_budget_by_training_cpu_seconds_by_hand():
+    pvg = load("ppo_vs_grpo")
+    logs, records = {}, []
+    for method, seed, cpu in [("searched_ppo", 13, 600.0), ("searched_ppo", 14, 900.0),
+                              ("searched_grpo", 13, 150.0), ("searched_grpo", 14, 200.0), ("searched_rloo", 13, 700.0)]:
+        logs[f"{method}{seed}"] = {"time/rollout": [(i, 1.0) for i in range(1, 9)], "time/update": [(i, 0.0) for i in range(1, 9)],
+                                   "time/train_cpu": [(i, cpu * i / 8) for i in range(1, 9)],
+                                   "eval/accuracy": [(0, 0.1), (8, 0.5)]}
+        records.append({"method": method, "seed": seed, "command": f"python x.py --batch-size 64 --seed {seed}",
+                        "run_dir": f"{method}{seed}", "peak_rss_gb": 1.0, "wall_s": 1.0, "cpu_s": 1.0,
+                        "commit": "abc", "date": "2026-11-29"})
+    methods = pvg.summarize(records, logs.__getitem__)
+    assert [r["train_cpu_s"] for r in methods["searched_grpo"]] == [150.0, 200.0]
+    # PPO's mean 750 CPU s; GRPO 175 s per 512: 750 / 175 * 512 = 2194 -> 34 whole batches of 64 = 2176;
+    # RLOO 700 s per 512: 548 -> 8 batches = 512
+    assert pvg.equal_cpu_completions(methods, key="train_cpu_s", ppo_key="searched_ppo", others=pvg.SEARCHED[1:]) == {
+        "searched_grpo_equal_cpu": 2176, "searched_rloo_equal_cpu": 512}

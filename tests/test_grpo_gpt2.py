@@ -76,7 +76,9 @@ def stops_at_lengths_1_to_8(tiny, monkeypatch):
     (dict(num_iterations=4), r"--num-iterations is computed \(--total-episodes / --batch-size\); the passes over "
                              r"each batch \(TRL's num_iterations\) are --update-epochs 4"),
     (dict(advantage="gae"), "--advantage must be grpo or rloo"),
-    (dict(eval_split="test"), "--eval-split must be held_out or validation"),
+    (dict(eval_split="train"), "--eval-split must be held_out, validation or test"),
+    (dict(eval_split="test"), "--eval-split test: the unread held-out sums need --reward-model arithmetic"),
+    (dict(reward_model="arithmetic", arithmetic_digits=1, eval_split="test"), "--arithmetic-digits 2 or more"),
     (dict(total_episodes=4), "--total-episodes 4 is smaller than one batch"),
     (dict(learning_rate=0.0), "--learning-rate must be positive"),
     (dict(min_response_length=8), "--min-response-length"),

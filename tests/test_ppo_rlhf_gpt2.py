@@ -15,6 +15,7 @@ import time
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -69,7 +70,9 @@ def tiny_args(tiny, tmp_path, **overrides) -> rlhf.Args:
     (dict(max_grad_norm=0.0), "--max-grad-norm"),
     (dict(max_grad_norm=-1.0), "--max-grad-norm"),  # a negative clip norm would flip the gradient
     (dict(eval_every=-1), "--eval-every"),
-    (dict(eval_split="test"), "--eval-split must be held_out or validation"),
+    (dict(eval_split="train"), "--eval-split must be held_out, validation or test"),
+    (dict(eval_split="test"), "--eval-split test: the unread held-out sums need --reward-model arithmetic"),
+    (dict(reward_model="arithmetic", arithmetic_digits=1, eval_split="test"), "--arithmetic-digits 2 or more"),
     (dict(reward_model="arithmetic", arithmetic_digits=0), "--arithmetic-digits"),
     (dict(reward_model="arithmetic", prompts_file=__file__), "--prompts-file: --reward-model arithmetic"),
 ])
@@ -1765,6 +1768,41 @@ def test_a_reward_model_folder_saved_before_a_config_key_existed_is_read_as_it_w
         written, others = (at_last, [at_end, mean]) if saved_before == "reward_end_token" else (at_end, [mean])
         assert score == pytest.approx(written.item() + 0.5, abs=1e-5)
         assert all(abs(score - other.item() - 0.5) > 1e-4 for other in others)
+
+
+@pytest.mark.parametrize("digits, test_pairs", [(2, 767), (3, 101106)])  # 4095 // 4 - 256; 405450 // 4 - 256
+def test_the_test_split_is_held_out_sums_no_256_prompt_evaluation_reached_each_once(digits, test_pairs):
+    import grpo_gpt2 as grpo
+
+    random.seed(5)
+    test = rlhf.arithmetic_problems(digits, held_out=True, test=True)
+    random.seed(6)
+    assert test == rlhf.arithmetic_problems(digits, held_out=True, test=True)  # fixed, whatever the random state
+    assert test == grpo.arithmetic_problems(digits, held_out=True, test=True)
+    held_out = rlhf.arithmetic_problems(digits, held_out=True)
+    pairs = [tuple(sorted(map(int, re.findall(r"\d+", p)))) for p in test]
+    assert len(test) == len(set(pairs)) == test_pairs  # every sum once: no a + b beside b + a
+    assert set(test) <= set(held_out) and not set(test) & set(held_out[:256])
+    assert not set(test) & set(rlhf.arithmetic_problems(digits, held_out=False))
+    read = {tuple(sorted(map(int, re.findall(r"\d+", p)))) for p in held_out[:256]}
+    assert not set(pairs) & read  # nor the other order of a sum read before
+    ordered = [int(re.findall(r"\d+", p)[0]) <= int(re.findall(r"\d+", p)[1]) for p in test]
+    assert 0.4 < np.mean(ordered) < 0.6  # both orders, by the coin
+
+
+def test_main_scores_the_test_split_and_logs_the_training_cpu_seconds(tiny, tmp_path, monkeypatch):
+    scored, real = [], rlhf.evaluate
+    monkeypatch.setattr(rlhf, "evaluate", lambda policy, prompts, *a, **kw: scored.append(list(prompts)) or
+                        real(policy, prompts, *a, **kw))
+    before = time.process_time()
+    stats = rlhf.main(tiny_args(tiny, tmp_path, reward_model="arithmetic", arithmetic_digits=2, eval_split="test",
+                                eval_episodes=4, total_episodes=24, batch_size=8))
+    spent = time.process_time() - before
+    assert len(scored) == 2 and all(p == rlhf.arithmetic_problems(2, held_out=True, test=True) for p in scored)
+    events = EventAccumulator(stats["run_dir"])
+    events.Reload()
+    cpu = [e.value for e in events.Scalars("time/train_cpu")]
+    assert len(cpu) == 3 and 0 < cpu[0] < cpu[1] < cpu[2] < spent  # a running total of this process's CPU
 
 
 def test_the_validation_split_is_grpo_s_and_main_evaluates_it(tiny, tmp_path, monkeypatch):

@@ -16,10 +16,36 @@ import sys
 from pathlib import Path
 
 TEST_FILE = "tests/test_experiments.py"
-TEST_FILES = {"experiments/rlhf_frontier": "tests/test_rlhf_frontier.py"}  # scripts with a test file of their own
+TEST_FILES = {"experiments/rlhf_frontier": "tests/test_rlhf_frontier.py",
+              "experiments/protocol": "tests/test_protocol.py"}  # scripts with a test file of their own
 SELECTOR = "not overopt and not preference"
 
 MUTANTS_BY_SCRIPT = {
+    # the protocol's statistics and its search, written before their tests by hand
+    "experiments/protocol": [
+        ("protocol: the t quantile of n degrees of freedom, not n - 1",
+         "t = np.interp(len(values) - 1, list(T_975), list(T_975.values()))",
+         "t = np.interp(len(values), list(T_975), list(T_975.values()))", ""),
+        ("protocol: Welch's degrees of freedom without the - 1",
+         "dof = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))",
+         "dof = (va + vb) ** 2 / (va**2 / len(a) + vb**2 / len(b))", ""),
+        ("protocol: a tie goes to the dearer setting",
+         "return min(within, key=lambda s: (costs.get(s) is None, costs.get(s) or 0.0))",
+         "return max(within, key=lambda s: (costs.get(s) is None, costs.get(s) or 0.0))", ""),
+        ("protocol: an axis counted inside when a run lies beyond it on any other line",
+         "line = [float(s[axis]) for s in runs if all(s[a] == c[a] for a in axes if a != axis)]",
+         "line = [float(s[axis]) for s in runs]", ""),
+        ("protocol: the extensions not counted against the cap",
+         "left = cap - len([name for name in first if name not in grid])", "left = cap", ""),
+        ("protocol: a value beyond the edge computed by the factor even where a run has a nearer one",
+         "value = known[min(further, key=lambda v: abs(v - x))] if further else step_beyond(spec, c[axis], direction)",
+         "value = step_beyond(spec, c[axis], direction)", ""),
+        ("protocol: the axis's range not checked",
+         "    if not axis.low <= x <= axis.high:\n        return None\n", "", ""),
+        ("protocol: the second seed's verdict from the second seed alone",
+         "rows = {name: (first[name][0], second[name], (first[name][0] + second[name]) / 2) for name in pair}",
+         "rows = {name: (first[name][0], second[name], second[name]) for name in pair}", ""),
+    ],
     # what an evaluation reads: the frontier's KL, written before its test by hand (both survived every test)
     "experiments/rlhf_frontier": [
         ("the frontier's KL of log pi_ref - log pi",
