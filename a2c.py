@@ -382,10 +382,6 @@ def check_args(args: Args) -> None:
     args.batch_size = args.num_envs * args.num_steps
     # round up, so that a run takes at least --total-timesteps steps
     args.num_iterations = -(-args.total_timesteps // args.batch_size)
-    if args.eval_checkpoint is None and args.total_timesteps % args.batch_size != 0:
-        print(f"--total-timesteps {args.total_timesteps} is not a multiple of the batch size "
-              f"{args.batch_size} (--num-envs x --num-steps): training runs {args.num_iterations} x "
-              f"{args.batch_size} = {args.num_iterations * args.batch_size} steps")
 
 
 

@@ -182,10 +182,10 @@ class FireReset(gym.Wrapper):
         return obs, info
 
 
-def make_env(env_id: str, video_dir: str | None = None):
-    def thunk():
-        env = gym.make(env_id, frameskip=1, repeat_action_probability=0.0, full_action_space=False,
-                       render_mode="rgb_array" if video_dir else None)  # as v4-NoFrameskip; A2 skips frames
+def make_env(env_id: str, video_dir: str | None = None, sticky: float = 0.0):
+    def thunk():  # sticky: the chance the emulator repeats the last action (training's 0: v4-NoFrameskip)
+        env = gym.make(env_id, frameskip=1, repeat_action_probability=sticky, full_action_space=False,
+                       render_mode="rgb_array" if video_dir else None)  # A2 skips frames
         env = gym.wrappers.RecordVideo(env, video_dir, fps=60, disable_logger=True) if video_dir else env
         env = gym.wrappers.RecordEpisodeStatistics(env)  # detail G3: the raw score and length of a game
         env = NoopReset(env)  # detail A1
@@ -575,21 +575,22 @@ def check_args(args: Args) -> None:
         fail(f"--total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size}); raise it")
     if args.resume is not None:
         check_resume(args, fail)
-    if args.total_timesteps % args.batch_size != 0:
-        print(f"--total-timesteps {args.total_timesteps} is not a multiple of the batch size "
-              f"{args.batch_size} (--num-envs x --num-steps): training runs {args.num_iterations} x "
-              f"{args.batch_size} = {args.num_iterations * args.batch_size} steps")
+
+
+EVAL_STICKY = 0.25
 
 
 def eval_mode(args: Args) -> str:
-    return "sampled actions" if args.eval_sample else "greedy action"
+    return f"{'sampled actions' if args.eval_sample else 'greedy action'}, sticky actions {EVAL_STICKY}"
 
 
 def evaluate(agent, env_id, episodes, seed, device, video_dir=None, sample=False):
     """Scores of `episodes` whole games (all lives, raw rewards) of the greedy policy (`sample`: of sampled
     actions) on fresh, separately seeded envs, through the training's wrappers. A lost life ends the
-    learner's episode there: the env is reset, which plays on (and presses FIRE where the game needs it)."""
-    env = make_env(env_id, video_dir)()
+    learner's episode there: the env is reset, which plays on (and presses FIRE where the game needs it).
+    The emulator repeats the last action with probability EVAL_STICKY (Machado et al. 2018, ALE v5's default):
+    without it a greedy game is fixed by its no-op count, and 30 games would be at most 30 distinct ones."""
+    env = make_env(env_id, video_dir, EVAL_STICKY)()
     episodic_returns = []
     for episode in range(episodes):
         obs, _ = env.reset(seed=seed + episode)
@@ -744,6 +745,10 @@ def load_checkpoint(args: Args, agent, optimizer, envs):
         torch.cuda.set_rng_state_all(rng["cuda"])
     np.random.set_state((rng["numpy"][0], rng["numpy"][1].numpy().astype(np.uint32), *rng["numpy"][2:]))
     print(f"resumed {args.resume} at global_step={checkpoint['global_step']}")
+    before = checkpoint["args"]["total_timesteps"]
+    if args.anneal_lr and before != args.total_timesteps:  # the learning rate's schedule ends elsewhere
+        print(f"--total-timesteps {args.total_timesteps} is not the checkpoint's {before}: the learning rate "
+              f"anneals to 0 at step {args.num_iterations * args.batch_size} from here on")
     next_obs = np.stack([np.stack(env.obs_queue) for env in envs.unwrapped.envs])  # each env's frame stack
     return checkpoint["global_step"], next_obs, checkpoint["episodic_returns"]
 

@@ -450,10 +450,6 @@ def check_args(args: Args) -> None:
     args.num_iterations = args.total_timesteps // args.batch_size
     if args.num_iterations == 0:
         fail(f"--total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size}); raise it")
-    if args.total_timesteps % args.batch_size != 0:
-        print(f"--total-timesteps {args.total_timesteps} is not a multiple of the batch size "
-              f"{args.batch_size} (--num-envs x --num-steps): training runs {args.num_iterations} x "
-              f"{args.batch_size} = {args.num_iterations * args.batch_size} steps")
 
 
 def evaluate(agent, env_id, episodes, seed, device):

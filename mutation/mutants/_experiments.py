@@ -3,7 +3,7 @@ format, and the command that runs them (mutation_check.py itself takes only the 
 the top-level files, tests/ and docs/, and names a script by its stem; the leading "_" keeps this file out of
 its lists).
 
-    python tests/mutants/_experiments.py [--mutants TEXT] [--jobs N] [--list]
+    python mutation/mutants/_experiments.py [--mutants TEXT] [--jobs N] [--list]
 
 runs mutation_check.py's own loop over the mutants below, in copies of the repository that also hold
 experiments/*.py and benchmarks/*.py (what the experiments import), not experiments/runs/ or benchmarks/runs/.
@@ -22,30 +22,6 @@ SELECTOR = "not overopt and not preference"
 
 MUTANTS_BY_SCRIPT = {
     # the protocol's statistics and its search, written before their tests by hand
-    "experiments/protocol": [
-        ("protocol: the t quantile of n degrees of freedom, not n - 1",
-         "t = np.interp(len(values) - 1, list(T_975), list(T_975.values()))",
-         "t = np.interp(len(values), list(T_975), list(T_975.values()))", ""),
-        ("protocol: Welch's degrees of freedom without the - 1",
-         "dof = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))",
-         "dof = (va + vb) ** 2 / (va**2 / len(a) + vb**2 / len(b))", ""),
-        ("protocol: a tie goes to the dearer setting",
-         "return min(within, key=lambda s: (costs.get(s) is None, costs.get(s) or 0.0))",
-         "return max(within, key=lambda s: (costs.get(s) is None, costs.get(s) or 0.0))", ""),
-        ("protocol: an axis counted inside when a run lies beyond it on any other line",
-         "line = [float(s[axis]) for s in runs if all(s[a] == c[a] for a in axes if a != axis)]",
-         "line = [float(s[axis]) for s in runs]", ""),
-        ("protocol: the extensions not counted against the cap",
-         "left = cap - len([name for name in first if name not in grid])", "left = cap", ""),
-        ("protocol: a value beyond the edge computed by the factor even where a run has a nearer one",
-         "value = known[min(further, key=lambda v: abs(v - x))] if further else step_beyond(spec, c[axis], direction)",
-         "value = step_beyond(spec, c[axis], direction)", ""),
-        ("protocol: the axis's range not checked",
-         "    if not axis.low <= x <= axis.high:\n        return None\n", "", ""),
-        ("protocol: the second seed's verdict from the second seed alone",
-         "rows = {name: (first[name][0], second[name], (first[name][0] + second[name]) / 2) for name in pair}",
-         "rows = {name: (first[name][0], second[name], second[name]) for name in pair}", ""),
-    ],
     # what an evaluation reads: the frontier's KL, written before its test by hand (both survived every test)
     "experiments/rlhf_frontier": [
         ("the frontier's KL of log pi_ref - log pi",
@@ -103,10 +79,32 @@ MUTANTS_BY_SCRIPT = {
     ],
     # the intervals both harnesses report, moved to the protocol's module
     "experiments/protocol": [
+        ("protocol: the t quantile of n degrees of freedom, not n - 1",
+         "t = np.interp(len(values) - 1, list(T_975), list(T_975.values()))",
+         "t = np.interp(len(values), list(T_975), list(T_975.values()))", "test"),
+        ("protocol: Welch's degrees of freedom without the - 1",
+         "dof = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))",
+         "dof = (va + vb) ** 2 / (va**2 / len(a) + vb**2 / len(b))", "test"),
+        ("protocol: a tie goes to the dearer setting",
+         "return min(within, key=lambda s: (costs.get(s) is None, costs.get(s) or 0.0))",
+         "return max(within, key=lambda s: (costs.get(s) is None, costs.get(s) or 0.0))", "test"),
+        ("protocol: an axis counted inside when a run lies beyond it on any other line",
+         "line = [float(s[axis]) for s in runs if all(s[a] == c[a] for a in axes if a != axis)]",
+         "line = [float(s[axis]) for s in runs]", "test"),
+        ("protocol: the extensions not counted against the cap",
+         "left = cap - len([name for name in first if name not in grid])", "left = cap", "test"),
+        ("protocol: a value beyond the edge computed by the factor even where a run has a nearer one",
+         "value = known[min(further, key=lambda v: abs(v - x))] if further else step_beyond(spec, c[axis], direction)",
+         "value = step_beyond(spec, c[axis], direction)", "test"),
+        ("protocol: the axis's range not checked",
+         "    if not axis.low <= x <= axis.high:\n        return None\n", "", "test"),
+        ("protocol: the second seed's verdict from the second seed alone",
+         "rows = {name: (first[name][0], second[name], (first[name][0] + second[name]) / 2) for name in pair}",
+         "rows = {name: (first[name][0], second[name], second[name]) for name in pair}", "test"),
         ("issue41: the Welch interval from the seeds' standard deviations where variances are meant",
          "va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)",
          "va, vb = a.std(ddof=1) / len(a), b.std(ddof=1) / len(b)",
-         "ppo_vs_grpo"),
+         "test"),
     ],
     "experiments/rlhf_overoptimization_report": [  # its report subcommand, where these breakages are
         ("issue41: the bootstrap draws a fixed half of the prompts (not a resample with replacement)",
@@ -137,7 +135,7 @@ MUTANTS = [entry for entries in MUTANTS_BY_SCRIPT.values() for entry in entries]
 
 def main() -> int:
     root = Path(__file__).resolve().parents[2]
-    sys.path.insert(0, str(root / "benchmarks"))
+    sys.path.insert(0, str(root / "mutation"))
     import mutation_check
 
     copy_top_level = mutation_check.copy_repository

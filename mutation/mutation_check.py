@@ -1,6 +1,6 @@
 """Mutation check: does each script's test file fail when the script is broken on purpose?
 
-tests/mutants/<script>.py holds the breakages of <script>.py ("mutants"), as
+mutation/mutants/<script>.py holds the breakages of <script>.py ("mutants"), as
     TEST_FILE = "tests/test_<script>.py"
     MUTANTS = [(name, old_text, new_text), ...]    # or (name, old_text, new_text, pytest -k selector[, test file])
 For each mutant the runner copies the repository's top-level files and its tests/ and docs/ folders into a
@@ -12,10 +12,10 @@ only narrows the tests that may kill the mutant, so a mutant killed with one is 
 First each test file (narrowed to its mutants' selectors, if all have one) must pass on the unchanged scripts.
 
 Usage (from the repository root; slow, a test-file run per mutant, so not part of CI):
-    python benchmarks/mutation_check.py                              # every script's mutants
-    python benchmarks/mutation_check.py --scripts a2c reinforce --jobs 2
-    python benchmarks/mutation_check.py --mutants bootstrap          # the mutants whose name contains "bootstrap"
-    python benchmarks/mutation_check.py --list                       # only check that every mutant applies
+    python mutation/mutation_check.py                              # every script's mutants
+    python mutation/mutation_check.py --scripts a2c reinforce --jobs 2
+    python mutation/mutation_check.py --mutants bootstrap          # the mutants whose name contains "bootstrap"
+    python mutation/mutation_check.py --list                       # only check that every mutant applies
 
 Prints a table and the survivors; exits with status 0 only if every mutant applied and was killed.
 """
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MUTANTS_DIR = ROOT / "tests" / "mutants"
+MUTANTS_DIR = ROOT / "mutation" / "mutants"
 COPIED_DIRS = ("tests", "docs")  # besides the top-level files: what the test files read
 
 
@@ -53,11 +53,11 @@ class Mutant:
 
 
 def load_mutants(scripts: list[str] | None) -> list[Mutant]:
-    """The mutants of tests/mutants/<script>.py for the given scripts (all lists if None)."""
+    """The mutants of mutation/mutants/<script>.py for the given scripts (all lists if None)."""
     files = {path.stem: path for path in sorted(MUTANTS_DIR.glob("*.py")) if not path.stem.startswith("_")}
     unknown = sorted(set(scripts or ()) - set(files))
     if unknown:
-        sys.exit(f"error: no mutant list tests/mutants/<script>.py for {unknown}; there are {sorted(files)}")
+        sys.exit(f"error: no mutant list mutation/mutants/<script>.py for {unknown}; there are {sorted(files)}")
     mutants = []
     for stem in scripts or files:
         spec = importlib.util.spec_from_file_location(f"mutants_{stem}", files[stem])
@@ -65,10 +65,10 @@ def load_mutants(scripts: list[str] | None) -> list[Mutant]:
         spec.loader.exec_module(module)
         names = [entry[0] for entry in module.MUTANTS]
         if len(set(names)) != len(names):
-            sys.exit(f"error: tests/mutants/{stem}.py names a mutant twice")
+            sys.exit(f"error: mutation/mutants/{stem}.py names a mutant twice")
         for entry in module.MUTANTS:
             if len(entry) not in (3, 4, 5):
-                sys.exit(f"error: tests/mutants/{stem}.py: {entry[0]!r} is not (name, old, new[, selector[, "
+                sys.exit(f"error: mutation/mutants/{stem}.py: {entry[0]!r} is not (name, old, new[, selector[, "
                          "test file]])")
             test_file = entry[4] if len(entry) == 5 else module.TEST_FILE  # a test of several scripts' own file
             mutants.append(Mutant(stem, test_file, *entry[:4]))

@@ -5,7 +5,7 @@ mutmut changes one operator, constant, argument or call at a time in a function 
 do not fail on survives. This tool applies it to one script at a time, to the functions the fast unit tests
 are for:
   - mutated: every function and method defined above the script's "# Plumbing" line, except main() (its glue
-    is what the hand-written mutants of tests/mutants/ and mutation_check.py cover) and the decorated
+    is what the hand-written mutants of mutation/mutants/ and mutation_check.py cover) and the decorated
     functions, which mutmut never mutates (generate and evaluate in the RLHF file: listed as skipped);
   - not mutated: main(), and below the "# Plumbing" line the argument checks, loading, saving and evaluation
     of a saved agent (tested by the bad-argument and round-trip tests, which run main());
@@ -20,10 +20,10 @@ repository's setup.cfg holds the shared settings, this tool adds source_paths an
 copy's. Prints, per function and for the file, killed / total, and each survivor's diff (mutmut show).
 
 Usage (from the repository root; about 2-4 mutants a second on a free core, so minutes to tens of minutes):
-    python benchmarks/mutmut_score.py ppo_rlhf_gpt2
-    python benchmarks/mutmut_score.py a2c reinforce --max-children 2
-    python benchmarks/mutmut_score.py ppo_rlhf_gpt2 --only 'x_compute_gae__mutmut_*'   # rerun some mutants
-    python benchmarks/mutmut_score.py ppo_cartpole --list      # only show the functions and tests selected
+    python mutation/mutmut_score.py ppo_rlhf_gpt2
+    python mutation/mutmut_score.py a2c reinforce --max-children 2
+    python mutation/mutmut_score.py ppo_rlhf_gpt2 --only 'x_compute_gae__mutmut_*'   # rerun some mutants
+    python mutation/mutmut_score.py ppo_cartpole --list      # only show the functions and tests selected
 """
 
 import argparse

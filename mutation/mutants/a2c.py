@@ -1,4 +1,4 @@
-"""Breakages of a2c.py that tests/test_a2c.py must catch (run by benchmarks/mutation_check.py).
+"""Breakages of a2c.py that tests/test_a2c.py must catch (run by mutation/mutation_check.py).
 
 Each entry is (name, text found exactly once in the script, its replacement, pytest -k selector of the tests
 expected to catch it)."""
