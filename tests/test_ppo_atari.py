@@ -810,3 +810,59 @@ def test_greedy_evaluation_games_differ_where_their_no_op_counts_agree(monkeypat
     assert game(1) != game(8)  # score and length of two games
     monkeypatch.setattr(ppo_atari, "EVAL_STICKY", 0.0)
     assert game(1) == game(8)  # the same game twice
+
+
+def test_the_loop_bootstraps_a_time_limit_cut_from_the_frames_the_cut_game_reached(tmp_path, monkeypatch):
+    """The main loop over lost lives, game overs and time-limit cuts (a TimeLimit of 7 agent steps on top of each
+    env): at every cut the rollout is marked done but not terminated, and the value it bootstraps is the critic's
+    on the frames the env returned when cut (recorded inside the env, before the vector env's reset), not on
+    the next game's first frames; at a lost life the bootstrap is zeroed. Checked against the agent's weights as
+    they were when the rollout's values were computed."""
+    cuts, lives, agents, checked, iterations = [], [], [], [], []
+    real_make_env, real_agent, real_gae = ppo_atari.make_env, ppo_atari.Agent, ppo_atari.compute_gae
+
+    class Recorder(gym.Wrapper):  # inside one env: each step's index, and the frames of a cut
+        def __init__(self, env, index):
+            super().__init__(gym.wrappers.TimeLimit(env, max_episode_steps=7))
+            self.index, self.steps = index, 0
+
+        def step(self, action):
+            obs, reward, terminated, truncated, info = self.env.step(action)
+            if truncated and not terminated:
+                cuts.append((self.steps, self.index, np.array(obs)))
+            elif terminated:
+                lives.append((self.steps, self.index))
+            self.steps += 1
+            return obs, reward, terminated, truncated, info
+
+    made = []
+
+    def make_env(env_id, video_dir=None, sticky=0.0):
+        def thunk():
+            made.append(None)
+            return Recorder(real_make_env(env_id, video_dir, sticky)(), len(made) - 1)
+        return thunk
+
+    def compute_gae(rewards, values, next_values, terminations, dones, *rest):
+        iteration, (num_steps, num_envs), agent = len(iterations), rewards.shape, agents[0]
+        for step, env, frames in cuts:
+            if step // num_steps == iteration:
+                t = step % num_steps
+                assert dones[t, env] == 1 and terminations[t, env] == 0
+                with torch.inference_mode():
+                    expected = agent.get_value(torch.as_tensor(frames)[None]).item()
+                assert next_values[t, env] == pytest.approx(expected, abs=1e-5)
+                checked.append((iteration, t, env))
+        for step, env in lives:
+            if step // num_steps == iteration:
+                assert terminations[step % num_steps, env] == 1
+        iterations.append(iteration)
+        return real_gae(rewards, values, next_values, terminations, dones, *rest)
+
+    monkeypatch.setattr(ppo_atari, "make_env", make_env)
+    monkeypatch.setattr(ppo_atari, "Agent", lambda *a: agents.append(real_agent(*a)) or agents[-1])
+    monkeypatch.setattr(ppo_atari, "compute_gae", compute_gae)
+    ppo_atari.main(tiny_args(tmp_path, env_id=BREAKOUT, num_steps=16, total_timesteps=96))
+    # 3 iterations of 2 envs x 16 steps, a cut every 7 steps unless a life ends sooner, in every iteration
+    assert iterations == [0, 1, 2] and {i for i, _, _ in checked} == {0, 1, 2} and len(checked) >= 6
+    assert lives, "no life was lost: the test would not tell a cut from an end"

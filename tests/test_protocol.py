@@ -151,3 +151,12 @@ def test_the_welch_interval_by_hand():
     dof = 4 / ((1 / 3) ** 2 / 2 + (5 / 3) ** 2 / 3)
     assert d == -3.0 and half == pytest.approx((2.776 - (dof - 4) * 0.205) * 2**0.5)
     assert protocol.difference_interval([1, 1], [2, 2]) == (-1.0, 0.0)
+
+
+def test_an_edge_s_next_value_is_the_nearest_one_run_before_a_new_step():
+    # lr values 3x apart, factor 2: at the extension G 2 (lr 3e-5) the lr line holds nothing else, and its
+    # neighbours are the grid's 1e-5 and 9e-5, not 3e-5 / 2 and 3e-5 * 2
+    axes = {"lr": Axis(("1e-5", "3e-5", "9e-5", "2.7e-4")), "G": Axis(("4", "8"), low=2, high=16)}
+    first = {protocol.setting_name({"lr": lr, "G": g}): (0.3, 1.0) for lr in axes["lr"].values for g in ("4", "8")}
+    first["lr 3e-5 G 4"], first["lr 3e-5 G 2"] = (0.5, 1.0), (0.6, 1.0)
+    assert next_runs(axes, first, {}) == [("lr 1e-5 G 2", FIRST), ("lr 9e-5 G 2", FIRST)]

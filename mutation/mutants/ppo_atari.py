@@ -1,0 +1,22 @@
+"""Breakages of ppo_atari.py that tests/test_ppo_atari.py must catch (run by mutation/mutation_check.py).
+
+Each entry is (name, text found exactly once in the script, its replacement, pytest -k selector of the tests
+expected to catch it): the main loop's wiring over lost lives, game overs and time-limit cuts, the evaluation's
+games, a resume's schedule."""
+
+TEST_FILE = "tests/test_ppo_atari.py"
+CUT = "time_limit_cut"
+
+MUTANTS = [
+    ("a time-limit cut bootstrapped from the next game's first frames",
+     "final_obs[step, cut] = real_next_obs[cut]", "final_obs[step, cut] = next_obs[cut]", CUT),
+    ("a time-limit cut treated as the game's end",
+     "terminations[step], dones[step] = terminated, done", "terminations[step], dones[step] = done, done", CUT),
+    ("the cut's bootstrap value put on the step after the cut",
+     "next_values[cut] = cut_values  # detail G2",
+     "next_values[np.roll(cut, 1, axis=0)] = cut_values  # detail G2", CUT),
+    ("evaluation without sticky actions: greedy games fixed by their no-op count",
+     "env = make_env(env_id, video_dir, EVAL_STICKY)()", "env = make_env(env_id, video_dir)()", "no_op_counts_agree"),
+    ("a resume that moves the end says nothing",
+     "if args.anneal_lr and before != args.total_timesteps:", "if args.anneal_lr and before == 0:", "moves_the_end"),
+]
