@@ -142,17 +142,17 @@ def model_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict:
                 use_cache=False)
 
 
-def autocast_bf16(bf16: bool, device: torch.device, *models) -> None:
+def autocast_bf16(bf16: bool, device: torch.device, *models, seed: int = 0, jitter: bool = True) -> None:
     """detail 53: with --bf16, each model's forward in bfloat16 autocast, weights fp32; a weight's bf16 copy
     lives for one pass (generate: its loop). After deep copies: a copy runs the original's forward. Each
-    weight first moves to a random fp32 value that rounds to the same bf16 one (seeded: the same in every
-    copy), so that a step smaller than that cell changes its bf16 value with probability step / cell."""
+    weight first moves to a random fp32 value that rounds to the same bf16 one (by --seed: alike in every
+    copy; not if jitter is False), so that a step under that cell moves its bf16 value w.p. step / cell."""
     for model in [m for m in models if bf16 and m is not None]:
         model.forward = torch.autocast(device.type, dtype=torch.bfloat16)(model.forward)
-        generator = torch.Generator().manual_seed(0)
-        for w in model.parameters():  # the fp32 bit patterns that round to bf16(w): its own +- 0x7fff
-            jitter = torch.randint(-0x7FFF, 0x8000, w.shape, dtype=torch.int32, generator=generator)
-            bits = w.detach().bfloat16().float().abs().view(torch.int32) + jitter.to(w.device)
+        generator = torch.Generator().manual_seed(seed)
+        for w in model.parameters() if jitter else []:  # the fp32 bit patterns rounding to bf16(w): +-0x7fff
+            noise = torch.randint(-0x7FFF, 0x8000, w.shape, dtype=torch.int32, generator=generator)
+            bits = w.detach().bfloat16().float().abs().view(torch.int32) + noise.to(w.device)
             w.data.copy_(bits.clamp(min=0).view(torch.float32).copysign(w.detach()))
 
 
@@ -290,7 +290,7 @@ def main(args: Args) -> dict:
     gold_fn = load_gold_fn(args, device) if args.gold and args.eval_episodes > 0 else None
 
     # 3. the reference's log-probs, once (detail 41): the policy before its first step is the reference
-    policy = load_policy(args.model_name, device, args.bf16)
+    policy = load_policy(args.model_name, device, args.bf16, args.seed)
     # detail 53: with --bf16, over the first epoch's micro-batches (the update's shapes): first margins 0
     first_order = torch.randperm(len(train_set)).tolist() if args.bf16 else list(range(len(train_set)))
     ref_train = torch.zeros(4, len(train_set), device=device)
@@ -313,7 +313,7 @@ def main(args: Args) -> dict:
         if gold_accuracy is not None:  # detail 39: the ceiling, beside the held-out accuracy
             writer.add_scalar("eval/gold_accuracy", gold_accuracy, step)
         if args.eval_episodes > 0:  # detail 41: at step 0 the policy is the reference, later it is reloaded
-            reference = policy if step == 0 else load_policy(args.model_name, device, args.bf16)
+            reference = policy if step == 0 else load_policy(args.model_name, device, args.bf16, args.seed)
             eval_stats.update(evaluate_samples(policy, reference, eval_prompts, tokenizer, stop_token_id,
                                                gold_fn, args, device))
             del reference
@@ -645,9 +645,9 @@ def check_max_length(model_name: str, tokenizer, texts: list[str], args: Args) -
               "their first tokens")
 
 
-def load_policy(model_name: str, device: torch.device, bf16: bool = False) -> nn.Module:
+def load_policy(model_name: str, device: torch.device, bf16: bool = False, seed: int = 0) -> nn.Module:
     policy = from_pretrained(AutoModelForCausalLM, model_name, "--model-name", dtype=torch.float32)
-    autocast_bf16(bf16, device, policy)
+    autocast_bf16(bf16, device, policy, seed=seed)
     return policy.to(device).eval()  # detail 28
 
 

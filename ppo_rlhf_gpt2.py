@@ -203,8 +203,8 @@ class ValueModel(nn.Module):
         nn.init.zeros_(self.head.weight)  # detail 2: the first values are 0, not noise
         nn.init.zeros_(self.head.bias)
 
-    def forward(self, **inputs) -> torch.Tensor:
-        return self.head(self.backbone(**inputs).last_hidden_state).squeeze(-1)
+    def forward(self, **inputs) -> torch.Tensor:  # detail 53: the head in fp32, as the reward model's
+        return self.head(self.backbone(**inputs).last_hidden_state.float()).squeeze(-1)
 
 
 def model_inputs(query_responses: torch.Tensor, pad_token_id: int) -> dict:
@@ -247,17 +247,17 @@ def gather_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return logits.log_softmax(-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
-def autocast_bf16(bf16: bool, device: torch.device, *models) -> None:
+def autocast_bf16(bf16: bool, device: torch.device, *models, seed: int = 0, jitter: bool = True) -> None:
     """detail 53: with --bf16, each model's forward in bfloat16 autocast, weights fp32; a weight's bf16 copy
     lives for one pass (generate: its loop). After deep copies: a copy runs the original's forward. Each
-    weight first moves to a random fp32 value that rounds to the same bf16 one (seeded: the same in every
-    copy), so that a step smaller than that cell changes its bf16 value with probability step / cell."""
+    weight first moves to a random fp32 value that rounds to the same bf16 one (by --seed: alike in every
+    copy; not if jitter is False), so that a step under that cell moves its bf16 value w.p. step / cell."""
     for model in [m for m in models if bf16 and m is not None]:
         model.forward = torch.autocast(device.type, dtype=torch.bfloat16)(model.forward)
-        generator = torch.Generator().manual_seed(0)
-        for w in model.parameters():  # the fp32 bit patterns that round to bf16(w): its own +- 0x7fff
-            jitter = torch.randint(-0x7FFF, 0x8000, w.shape, dtype=torch.int32, generator=generator)
-            bits = w.detach().bfloat16().float().abs().view(torch.int32) + jitter.to(w.device)
+        generator = torch.Generator().manual_seed(seed)
+        for w in model.parameters() if jitter else []:  # the fp32 bit patterns rounding to bf16(w): +-0x7fff
+            noise = torch.randint(-0x7FFF, 0x8000, w.shape, dtype=torch.int32, generator=generator)
+            bits = w.detach().bfloat16().float().abs().view(torch.int32) + noise.to(w.device)
             w.data.copy_(bits.clamp(min=0).view(torch.float32).copysign(w.detach()))
 
 
@@ -433,7 +433,8 @@ def main(args: Args) -> dict:
     policy = load_policy(args.model_name, device)
     ref_policy = copy.deepcopy(policy).requires_grad_(False)  # the frozen reference: the initial policy
     value_model = load_value_model(args.value_model, policy, device)  # detail 13
-    autocast_bf16(args.bf16, device, policy, ref_policy, value_model)  # detail 53, after the copies
+    # detail 53, after the copies
+    autocast_bf16(args.bf16, device, policy, ref_policy, value_model.backbone, seed=args.seed)
     reward_fn = load_reward_fn(args, device)
     # details 3 and 10: one Adam (eps 1e-5) over both trained models, as one loss trains them both, with a
     # learning rate for each (the same by default); fused: one in-place kernel per tensor, faster and
@@ -659,10 +660,11 @@ def evaluate(policy, eval_prompts, tokenizer, stop_token_id: int, reward_fn, arg
             queries = tokenize_queries(tokenizer, batch, args.max_query_length, device)
             responses, logprobs, response_mask, stopped, batch_raw_scores = sample_and_score(
                 policy, queries, tokenizer, stop_token_id, reward_fn, args, greedy)
-            if reference is not None:
-                logits = response_logits(reference, torch.cat([queries, responses], 1), queries.shape[1],
-                                         args.temperature, tokenizer.pad_token_id)
-                ref_logprobs = gather_logprobs(logits, responses.masked_fill(~response_mask, 0))
+            if reference is not None:  # both by full passes (under --bf16 the sampler's cached ones differ)
+                query_responses = torch.cat([queries, responses], 1)
+                logprobs, ref_logprobs = (gather_logprobs(response_logits(
+                    model, query_responses, queries.shape[1], args.temperature, tokenizer.pad_token_id),
+                    responses.masked_fill(~response_mask, 0)) for model in (policy, reference))
                 kls += ((logprobs - ref_logprobs) * response_mask).sum(1).tolist()
             raw_scores.append(batch_raw_scores)
             contain_stop.append(stopped)
@@ -723,7 +725,7 @@ def evaluate_checkpoint(args: Args, device: torch.device) -> dict:
     tokenizer, _, stop_token_id = load_tokenizer(args.eval_checkpoint, args.stop_token, "--eval-checkpoint")
     policy = load_policy(args.eval_checkpoint, device, "--eval-checkpoint")
     reference, start = starting_model(args, device)
-    autocast_bf16(args.bf16, device, policy, reference)
+    autocast_bf16(args.bf16, device, policy, reference, jitter=False)  # a trained policy stays as saved
     eval_stats = {}
     for greedy in [False, True] if args.eval_greedy else [False]:
         eval_prompts = load_prompts(args)[1]

@@ -134,17 +134,17 @@ def model_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict:
                 use_cache=False)
 
 
-def autocast_bf16(bf16: bool, device: torch.device, *models) -> None:
+def autocast_bf16(bf16: bool, device: torch.device, *models, seed: int = 0, jitter: bool = True) -> None:
     """detail 53: with --bf16, each model's forward in bfloat16 autocast, weights fp32; a weight's bf16 copy
     lives for one pass (generate: its loop). After deep copies: a copy runs the original's forward. Each
-    weight first moves to a random fp32 value that rounds to the same bf16 one (seeded: the same in every
-    copy), so that a step smaller than that cell changes its bf16 value with probability step / cell."""
+    weight first moves to a random fp32 value that rounds to the same bf16 one (by --seed: alike in every
+    copy; not if jitter is False), so that a step under that cell moves its bf16 value w.p. step / cell."""
     for model in [m for m in models if bf16 and m is not None]:
         model.forward = torch.autocast(device.type, dtype=torch.bfloat16)(model.forward)
-        generator = torch.Generator().manual_seed(0)
-        for w in model.parameters():  # the fp32 bit patterns that round to bf16(w): its own +- 0x7fff
-            jitter = torch.randint(-0x7FFF, 0x8000, w.shape, dtype=torch.int32, generator=generator)
-            bits = w.detach().bfloat16().float().abs().view(torch.int32) + jitter.to(w.device)
+        generator = torch.Generator().manual_seed(seed)
+        for w in model.parameters() if jitter else []:  # the fp32 bit patterns rounding to bf16(w): +-0x7fff
+            noise = torch.randint(-0x7FFF, 0x8000, w.shape, dtype=torch.int32, generator=generator)
+            bits = w.detach().bfloat16().float().abs().view(torch.int32) + noise.to(w.device)
             w.data.copy_(bits.clamp(min=0).view(torch.float32).copysign(w.detach()))
 
 
@@ -296,7 +296,7 @@ def main(args: Args) -> dict:
 
     # 3. the reward model: the policy's backbone and a scalar head (detail 35), Adam (detail 3), the head at
     # its own learning rate if it starts random (detail 40), at the backbone's if probed first (detail 45)
-    reward_model = load_reward_model(args.model_name, device, args.bf16)
+    reward_model = load_reward_model(args.model_name, device, args.bf16, args.seed)
     backbone = [p for name, p in reward_model.named_parameters() if not name.startswith("score.")]
     head_learning_rate = args.head_learning_rate or (args.learning_rate if args.probe else 1e-3)
     learning_rates = (args.learning_rate, head_learning_rate)
@@ -703,11 +703,11 @@ def check_max_length(model_name: str, tokenizer, texts: list[str], args: Args) -
 
 def load_policy(model_name: str, device: torch.device, bf16: bool = False) -> nn.Module:
     policy = from_pretrained(AutoModelForCausalLM, model_name, "--model-name", dtype=torch.float32)
-    autocast_bf16(bf16, device, policy)
+    autocast_bf16(bf16, device, policy, jitter=False)  # it only samples: nothing trains it
     return policy.to(device).eval()  # detail 28
 
 
-def load_reward_model(model_name: str, device: torch.device, bf16: bool = False) -> nn.Module:
+def load_reward_model(model_name: str, device: torch.device, bf16: bool = False, seed: int = 0) -> nn.Module:
     """detail 35: the policy's backbone with a new one-output head `score` (no bias in GPT-2's or Llama's)."""
     reward_model = from_pretrained(AutoModelForSequenceClassification, model_name, "--model-name",
                                    num_labels=1, dtype=torch.float32)
@@ -715,7 +715,7 @@ def load_reward_model(model_name: str, device: torch.device, bf16: bool = False)
         raise SystemExit(f"error: --model-name {model_name}: {type(reward_model).__name__} has no bias-free "
                          "linear head `score` (GPT-2 and Llama models have one)")
     nn.init.normal_(reward_model.score.weight, std=1 / math.sqrt(reward_model.config.hidden_size + 1))
-    autocast_bf16(bf16, device, reward_model.base_model)  # the backbone; the head reads its states in fp32
+    autocast_bf16(bf16, device, reward_model.base_model, seed=seed)  # the backbone; the head reads fp32
     return reward_model.to(device).eval()  # detail 28: dropout off, also while training
 
 

@@ -5,6 +5,7 @@ pass, in expectation as a whole step. The expectations are written by hand from 
 bits: between 1 and 2 the bf16 values are 2^-7 apart), not computed by the code under test."""
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -140,3 +141,28 @@ def test_sampling_casts_each_weight_to_bf16_once_not_once_a_token(module):
                           if e.key == "aten::_to_copy" and e.input_shapes and e.input_shapes[0] == [50, 16])
     assert casts == {"cached": 1, "uncached": 6}
     assert torch.equal(tokens["cached"], tokens["uncached"])
+
+
+@pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
+def test_the_starting_weights_move_by_the_seed_and_a_saved_policy_s_not_at_all(module):
+    weights = torch.randn(64, 64, generator=torch.Generator().manual_seed(1))
+    one, again, two, saved = (layer_with(weights) for _ in range(4))
+    module.autocast_bf16(True, CPU, one, seed=1)
+    module.autocast_bf16(True, CPU, again, seed=1)
+    module.autocast_bf16(True, CPU, two, seed=2)
+    module.autocast_bf16(True, CPU, saved, seed=1, jitter=False)
+    assert torch.equal(one.weight, again.weight) and not torch.equal(one.weight, two.weight)
+    assert torch.equal(two.weight.bfloat16(), one.weight.bfloat16())  # both in the same bf16 cells
+    assert torch.equal(saved.weight, weights) and "forward" in vars(saved)  # autocast wraps it all the same
+
+
+def test_ppo_moves_its_models_by_its_seed_and_evaluates_a_saved_policy_as_saved(tiny, tmp_path, monkeypatch):
+    calls, real = [], ppo_rlhf_gpt2.autocast_bf16
+    monkeypatch.setattr(ppo_rlhf_gpt2, "autocast_bf16", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
+    from test_ppo_rlhf_gpt2 import tiny_args
+
+    ppo_rlhf_gpt2.main(tiny_args(tiny, tmp_path, bf16=True, seed=7, total_episodes=8, eval_episodes=0,
+                                 save_model=True))
+    saved = next(Path(tmp_path).rglob("model"))
+    ppo_rlhf_gpt2.main(tiny_args(tiny, tmp_path, bf16=True, seed=7, eval_checkpoint=str(saved), eval_episodes=2))
+    assert calls == [{"seed": 7}, {"jitter": False}]

@@ -452,10 +452,41 @@ def test_bf16_runs_the_models_in_bfloat16_with_a_first_ratio_of_exactly_1(tiny, 
     args = tiny_args(tiny, tmp_path, bf16=True, num_minibatches=1, gradient_accumulation_steps=4,
                      update_epochs=1, total_episodes=8, response_length=16)
     scalars, outputs, steps = bf16_run(rlhf, args, monkeypatch)
-    assert outputs == {"policy": {torch.bfloat16}, "value_model": {torch.bfloat16}, "reward": {torch.float32}}
+    # the value model's backbone in bfloat16, its scalar head in fp32 (as the reward model's)
+    assert outputs == {"policy": {torch.bfloat16}, "value_model": {torch.bfloat16, torch.float32},
+                       "reward": {torch.float32}}
     assert steps == [{torch.float32}]
     assert scalars["val/ratio"] == [1.0] and scalars["objective/kl"] == [0.0]
     assert scalars["losses/approx_kl"] == scalars["losses/old_approx_kl"] == scalars["losses/clipfrac"] == [0.0]
+
+
+def test_bf16_keeps_log_probs_and_values_in_fp32_through_gae_and_the_losses(tiny, tmp_path, monkeypatch):
+    """--bf16, two iterations: the log-probs the ratio is made of and the values GAE reads are float32 and not all
+    on the bf16 grid (8 significant bits), once the value head has moved from its zeros."""
+    seen = {"values": [], "newlogprob": []}
+    real_gae, real_loss = rlhf.compute_gae, rlhf.policy_loss
+    monkeypatch.setattr(rlhf, "compute_gae", lambda rewards, values, *a: seen["values"].append(values.clone())
+                        or real_gae(rewards, values, *a))
+    monkeypatch.setattr(rlhf, "policy_loss", lambda newlogprob, *a: seen["newlogprob"].append(newlogprob.detach())
+                        or real_loss(newlogprob, *a))
+    rlhf.main(tiny_args(tiny, tmp_path, bf16=True, total_episodes=16, batch_size=8, num_minibatches=1,
+                        update_epochs=1))
+    for name, tensors in seen.items():
+        last = tensors[-1]
+        assert last.dtype == torch.float32, name
+        assert not torch.equal(last, last.bfloat16().float()), f"{name} on the bf16 grid"
+
+
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])
+def test_eval_checkpoint_of_the_starting_model_reads_a_kl_of_exactly_0(tiny, tmp_path, bf16):
+    """The saved policy is its own starting model: its KL to it, both sides' log-probs by the same passes, is 0
+    to the bit, in bfloat16 too (the sampler's cached passes would give other log-probs)."""
+    saved = tmp_path / "saved"
+    rlhf.save_policy(rlhf.load_policy(tiny["policy"], torch.device("cpu")), tiny["policy"], str(saved),
+                     tiny_args(tiny, tmp_path))
+    result = rlhf.main(tiny_args(tiny, tmp_path, bf16=bf16, eval_checkpoint=str(saved), eval_episodes=8,
+                                 response_length=16))
+    assert result["eval"]["final"]["kl_mean"] == 0.0 and result["eval"]["final"]["kl_stderr"] == 0.0
 
 
 def test_bf16_eval_checkpoint_scores_in_bfloat16(tiny, tmp_path, monkeypatch):

@@ -105,7 +105,7 @@ MUTANTS = [
      'eval_prompts = list(dict.fromkeys(c["prompt"] for c in eval_set))',
      'eval_prompts = list(dict.fromkeys(c["prompt"] for c in train_set))'),
     ("the held-out KL of the policy against itself",
-     "reference = policy if step == 0 else load_policy(args.model_name, device, args.bf16)",
+     "reference = policy if step == 0 else load_policy(args.model_name, device, args.bf16, args.seed)",
      "reference = policy"),
     # the order inside an update: written before tests/test_update_order.py, survived every test of this file
     ("the gradient clipped after the optimizer's step",
