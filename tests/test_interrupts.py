@@ -56,6 +56,9 @@ def run(script: str, phase: str, flags: list[str], runs: Path, monkeypatch, caps
     elif phase == "training":
         for optimizer in (torch.optim.Adam, torch.optim.RMSprop):  # the scripts' optimizers
             monkeypatch.setattr(optimizer, "step", interrupt)
+    elif phase == "saving":  # the agent's or the model's file, once training has ended
+        monkeypatch.setattr(torch, "save", interrupt)
+        monkeypatch.setattr(transformers.PreTrainedModel, "save_pretrained", interrupt)
     monkeypatch.setattr(sys, "argv", [script, *flags, "--runs-dir", str(runs), "--save-model", "--no-cuda"])
     monkeypatch.setenv("MUJOCO_GL", "egl")
     capsys.readouterr()
@@ -99,10 +102,22 @@ def test_a_ctrl_c_while_training_saves_what_it_has_marked_with_its_step(script, 
         assert config["interrupted_at"] == 1, config  # the step or iteration whose update was cut: the first
 
 
-def test_a_finished_run_exits_0_and_its_saved_model_says_it_finished(tiny, preferences, tmp_path, monkeypatch,
-                                                                      capsys):
-    status, out = run("dpo_gpt2.py", "none", flags_of("dpo_gpt2.py", tiny, preferences), tmp_path / "runs",
-                      monkeypatch, capsys)
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_a_finished_run_exits_0_and_its_saved_model_says_it_finished(script, tiny, preferences, tmp_path,
+                                                                      monkeypatch, capsys):
+    status, out = run(script, "none", flags_of(script, tiny, preferences), tmp_path / "runs", monkeypatch, capsys)
     assert status == 0, out[-2000:]
+    assert not [line for line in out.splitlines() if line.startswith("interrupted")]
     (run_dir,) = [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]
-    assert json.loads((run_dir / "model" / "config.json").read_text())["interrupted_at"] is None
+    if script in ("reinforce.py", "a2c.py", "ppo_cartpole.py", "ppo_walker2d.py", "ppo_atari.py"):
+        assert torch.load(run_dir / "agent.pt", weights_only=False)["interrupted_at"] is None
+    else:
+        assert json.loads((run_dir / "model" / "config.json").read_text())["interrupted_at"] is None
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_a_ctrl_c_while_saving_ends_in_one_line_and_status_130(script, tiny, preferences, tmp_path, monkeypatch,
+                                                               capsys):
+    status, out = run(script, "saving", flags_of(script, tiny, preferences), tmp_path / "runs", monkeypatch, capsys)
+    assert status == 130, out[-2000:]  # not 0: the saved result is not whole
+    assert out.splitlines()[-1].startswith("interrupted"), out[-2000:]

@@ -19,4 +19,11 @@ MUTANTS = [
      "env = make_env(env_id, video_dir, EVAL_STICKY)()", "env = make_env(env_id, video_dir)()", "no_op_counts_agree"),
     ("a resume that moves the end says nothing",
      "if args.anneal_lr and before != args.total_timesteps:", "if args.anneal_lr and before == 0:", "moves_the_end"),
+    ("a finished run's saved agent marked interrupted",
+     "save_agent(agent, args, n_actions, run_dir, global_step if interrupted else None)",
+     "save_agent(agent, args, n_actions, run_dir, global_step)", "finished", "tests/test_interrupts.py"),
+    ("a Ctrl-C while saving ends with exit status 0",
+     'print("interrupted while saving or evaluating: keeping the logs, skipping the rest")\n        interrupted = True',
+     'print("interrupted while saving or evaluating: keeping the logs, skipping the rest")\n        interrupted = False',
+     "while_saving", "tests/test_interrupts.py"),
 ]

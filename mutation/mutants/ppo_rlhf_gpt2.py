@@ -284,4 +284,10 @@ MUTANTS = [
      "autocast_bf16(args.bf16, device, policy, reference)", "seed", "tests/test_bf16.py"),
     ("--bf16: the run's jitter not by its --seed",
      "value_model.backbone, seed=args.seed)", "value_model.backbone)", "seed", "tests/test_bf16.py"),
+    ("a finished run's saved model marked interrupted",
+     "policy.config.interrupted_at = iteration if interrupted else None",
+     "policy.config.interrupted_at = iteration", "finished", "tests/test_interrupts.py"),
+    ("a Ctrl-C while saving ends with exit status 0",
+     "the model folder may be incomplete\")\n        interrupted = True",
+     "the model folder may be incomplete\")\n        interrupted = False", "while_saving", "tests/test_interrupts.py"),
 ]
