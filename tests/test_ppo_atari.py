@@ -866,3 +866,22 @@ def test_the_loop_bootstraps_a_time_limit_cut_from_the_frames_the_cut_game_reach
     # 3 iterations of 2 envs x 16 steps, a cut every 7 steps unless a life ends sooner, in every iteration
     assert iterations == [0, 1, 2] and {i for i, _, _ in checked} == {0, 1, 2} and len(checked) >= 6
     assert lives, "no life was lost: the test would not tell a cut from an end"
+
+
+def test_a_restored_env_draws_the_next_game_s_no_ops_as_the_saved_one_would():
+    """env_state and restore_env_state carry every random stream of a game: after a restore into an env seeded
+    otherwise, the next game starts after as many no-ops as the saved env's next game, and plays the same."""
+    saved, restored = ppo_atari.make_env(BREAKOUT)(), ppo_atari.make_env(BREAKOUT)()
+    saved.reset(seed=3)
+    restored.reset(seed=4)
+    for _ in range(20):
+        saved.step(1)
+    ppo_atari.restore_env_state(restored, ppo_atari.env_state(saved))
+    starts = []
+    for env in (saved, restored):
+        lives = ppo_atari.wrapper_of(env, ppo_atari.EpisodicLife)
+        lives.game_over = True  # as at a game over: the next reset starts a new game, with its no-ops
+        obs, _ = env.reset()
+        starts.append((ppo_atari.wrapper_of(env, gym.wrappers.RecordEpisodeStatistics).episode_lengths,
+                       env.unwrapped.np_random.integers(1 << 30), np.asarray(obs).copy()))
+    assert starts[0][0] == starts[1][0] and starts[0][1] == starts[1][1] and np.array_equal(starts[0][2], starts[1][2])

@@ -26,4 +26,9 @@ MUTANTS = [
      'print("interrupted while saving or evaluating: keeping the logs, skipping the rest")\n        interrupted = True',
      'print("interrupted while saving or evaluating: keeping the logs, skipping the rest")\n        interrupted = False',
      "while_saving", "tests/test_interrupts.py"),
+    ("a resume that restores the emulators but not the no-op draws' random stream",
+     '    env.unwrapped.np_random.bit_generator.state = state["np_random"]\n', "",
+     "bit_for_bit or restored_env_draws"),
+    ("a resume that restores every stream but the wrappers' frame stacks",
+     '    env.obs_queue.extend(state["frames"].numpy())  # the deque keeps the last 4: these\n', "", "bit_for_bit"),
 ]
