@@ -127,7 +127,8 @@ def steps_flags(steps: str) -> str:
 
 
 SEARCH = {
-    "ppo": (dict(lr=protocol.Axis(("7e-6", "1.41e-5", "3e-5", "6e-5")), epochs=protocol.Axis(("2", "4"), low=1, high=16),
+    "ppo": (dict(lr=protocol.Axis(("7e-6", "1.41e-5", "3e-5", "6e-5")),
+                 epochs=protocol.Axis(("2", "4"), low=1, high=16),
                  batch=protocol.Axis(("32", "64"), low=8, high=256)),
             lambda lr, epochs, batch: f"ppo_rlhf_gpt2.py --learning-rate {lr} --update-epochs {epochs} "
                                       f"--batch-size {batch}"),
@@ -218,7 +219,7 @@ def search_lines(records: list[dict]) -> list[str]:
     """The page's part on the search: the rule, then each method's runs, where its choice sits on each axis, the
     second seed's verdict and the method's tuning budget."""
     lines = ["## The search (experiments/protocol.py: validation split, seeds 100 and 101, 512 completions)", "",
-             f"Each method's first grid (SEARCH, stated before its first run), then while the choice sits at an edge of "
+             "Each method's first grid (SEARCH, stated before its first run), then while the choice sits at an edge of "
              f"an axis the value beyond it, at most {protocol.EXTRA_RUNS} runs beyond the grid a method; the rule: the "
              "highest validation accuracy after 512 completions, the cheapest (CPU minutes) within 1 point; the top "
              "two settings again at seed 101. Runs marked (earlier) are earlier runs whose commands are the "
@@ -436,7 +437,8 @@ def run_items(items: list[tuple[str, int]], runs: Path, jobs: int, common: str, 
             continue
         run_dir = sorted(runs.glob(f"{exp_name(method)}__{seed}__*"))[-1]
         record = {"method": method, "seed": seed, "command": "python " + shlex.join(command[1:]),
-                  "run_dir": os.path.relpath(run_dir, ROOT) if run_dir.is_relative_to(ROOT) else str(run_dir), "peak_rss_gb": usage.ru_maxrss * 1024 / 1e9, "wall_s": wall,
+                  "run_dir": os.path.relpath(run_dir, ROOT) if run_dir.is_relative_to(ROOT) else str(run_dir),
+                  "peak_rss_gb": usage.ru_maxrss * 1024 / 1e9, "wall_s": wall,
                   # CPU seconds of the whole run (loading and evaluations included): unlike wall-clock seconds,
                   # hardly changed by other processes on the machine
                   "cpu_s": usage.ru_utime + usage.ru_stime,
@@ -557,7 +559,7 @@ def tuning_rows(tuning: list[dict], chosen: set, steps: bool) -> list[str]:
     return lines
 
 
-def write_report(methods: dict, out: Path, tuning: list[dict] = ()) -> str:
+def write_report(methods: dict, out: Path, tuning: list[dict] = (), search: list[str] = ()) -> str:
     """The page: accuracy per seed and its mean, cost, differences to the same sitting's PPO, the tuning runs
     and every command. Keys `earlier:<method>` are an earlier sitting's runs (not in the figure)."""
     every_method = methods  # all of them go to the json
@@ -584,8 +586,8 @@ def write_report(methods: dict, out: Path, tuning: list[dict] = ()) -> str:
     fig.savefig(f"{out}.png", dpi=110)
 
     def ppo_of(key: str) -> list[dict]:  # the PPO runs key's compare with: its sitting's, tuned PPO for tuned
-        return methods.get("earlier:ppo" if key.startswith("earlier:") else
-                           "tuned_ppo" if key.startswith("tuned_") else "ppo", [])
+        return methods.get("earlier:ppo" if key.startswith("earlier:") else "tuned_ppo" if key.startswith("tuned_")
+                           else "searched_ppo" if key.startswith("searched_") else "ppo", [])
 
     def ppo_mean(key: str, field: str) -> float:
         values = [r.get(field) for r in ppo_of(key)]
@@ -634,15 +636,16 @@ def write_report(methods: dict, out: Path, tuning: list[dict] = ()) -> str:
               "|---|" + "---|" * (len(completions) - 1)]
     for method, seeds in methods.items():
         ppo = ppo_of(method)
-        if method.split(":")[-1] in ("ppo", "tuned_ppo") or not ppo:
+        if method.split(":")[-1] in ("ppo", "tuned_ppo", "searched_ppo") or not ppo:
             continue
         cells = []
         for i in range(1, len(completions)):
             d, h = difference_interval([r["accuracy"][i] for r in seeds], [r["accuracy"][i] for r in ppo])
             cells.append(f"{d:+.1%} ± {h:.1%}" if min(len(seeds), len(ppo)) >= 3 else f"{d:+.1%}")
         lines.append(f"| {label(method)} | " + " | ".join(cells) + " |")
-    if equal and "tuned_ppo" in methods:
-        ppo = methods["tuned_ppo"]
+    base = "searched_ppo" if "searched_ppo" in methods else "tuned_ppo"  # the PPO the equal-cost runs match
+    if equal and base in methods:
+        ppo = methods[base]
 
         def end_row(method: str, seeds: list[dict], difference: str) -> str:
             ends = [r["accuracy"][-1] for r in seeds]
@@ -650,11 +653,11 @@ def write_report(methods: dict, out: Path, tuning: list[dict] = ()) -> str:
                     f"{np.mean([r['train_s'] for r in seeds]) / 60:.1f} | {mean_cell(ends)} | "
                     f"{', '.join(f'{100 * a:.1f}' for a in ends)}% |" + (f" {difference} |" if difference else " |"))
 
-        lines += ["", "## At tuned PPO's training time (its 512 completions; the accuracy at each run's end, minus "
-                  "tuned PPO's at 512, 95% Welch interval; none where a method has fewer than 3 seeds)", "",
+        lines += ["", f"## At {label(base)}'s training time (its 512 completions; the accuracy at each run's end, "
+                  f"minus {label(base)}'s at 512, 95% Welch interval; none where a method has fewer than 3 seeds)", "",
                   "| method | completions | training minutes | accuracy at the end | each seed's, seeds "
-                  f"{', '.join(str(r['seed']) for r in ppo)} | minus tuned PPO |", "|---|---|---|---|---|---|",
-                  end_row("tuned_ppo", ppo, "")]
+                  f"{', '.join(str(r['seed']) for r in ppo)} | minus {label(base)} |", "|---|---|---|---|---|---|",
+                  end_row(base, ppo, "")]
         for method, seeds in equal.items():
             d, h = difference_interval([r["accuracy"][-1] for r in seeds], [r["accuracy"][-1] for r in ppo])
             lines.append(end_row(method, seeds, f"{d:+.1%} ± {h:.1%}" if min(len(seeds), len(ppo)) >= 3
@@ -681,6 +684,7 @@ def write_report(methods: dict, out: Path, tuning: list[dict] = ()) -> str:
                   "never the held-out ones. The rule: the highest validation accuracy after 512 completions among "
                   "the GRPO runs, and among the RLOO runs; within 1 point, the fewest optimizer steps a batch (S).",
                   "", *tuning_rows(tuning, chosen, steps=True)]
+    lines += ["", *search] if search else []  # the search's tables (search_lines)
     lines += ["", "## Commands", "", "Each run's command, as the harness ran it (from the repository root):",
               ""]
     for method, seeds in [*methods.items(), *([("tuning", [{"command": r["command"], "seed": TUNING_SEED}
@@ -741,6 +745,7 @@ def main() -> None:
     report.add_argument("--earlier", default=None, help="a json an earlier report wrote: its runs go on the page "
                         "as an earlier sitting's")
     report.add_argument("--out", default="docs/results/ppo_vs_grpo")
+    report.add_argument("--search", default=None, help="the search's runs folder: its tables on the page")
     args = parser.parse_args()
     runs = (ROOT / args.runs).resolve() if args.subcommand != "problems" else None
     if args.subcommand == "run" and args.searched:
@@ -779,7 +784,8 @@ def main() -> None:
             earlier = json.loads((ROOT / args.earlier).read_text())
             methods.update({f"earlier:{method}": seeds for method, seeds in earlier.items()})
         tuning = recorded((ROOT / args.tuning).resolve() / "records.jsonl")
-        print(write_report(methods, ROOT / args.out, tuning_results(tuning, read_scalars) if tuning else []))
+        search = search_lines(recorded((ROOT / args.search).resolve() / "records.jsonl")) if args.search else []
+        print(write_report(methods, ROOT / args.out, tuning_results(tuning, read_scalars) if tuning else [], search))
 
 
 if __name__ == "__main__":

@@ -1040,3 +1040,19 @@ def test_ppo_vs_grpo_equal_cpu_budget_by_training_cpu_seconds_by_hand():
     # RLOO 700 s per 512: 548 -> 8 batches = 512
     assert pvg.equal_cpu_completions(methods, key="train_cpu_s", ppo_key="searched_ppo", others=pvg.SEARCHED[1:]) == {
         "searched_grpo_equal_cpu": 2176, "searched_rloo_equal_cpu": 512}
+
+
+def test_ppo_vs_grpo_report_of_the_searched_runs_compares_with_the_searched_ppo(tmp_path):
+    pvg = load("ppo_vs_grpo")
+    logs, records = {}, []
+    for method, seed, final in [("searched_ppo", 13, 0.6), ("searched_ppo", 14, 0.7), ("searched_ppo", 15, 0.8),
+                                ("ppo", 13, 0.1), ("ppo", 14, 0.1), ("ppo", 15, 0.1),
+                                ("searched_rloo", 13, 0.4), ("searched_rloo", 14, 0.5), ("searched_rloo", 15, 0.6)]:
+        logs[f"{method}{seed}"] = {"time/rollout": [(i, 1.0) for i in range(1, 9)],
+                                   "time/update": [(i, 0.0) for i in range(1, 9)], "eval/accuracy": [(0, 0.1), (8, final)]}
+        records.append({"method": method, "seed": seed, "command": f"python x.py --seed {seed}", "run_dir": f"{method}{seed}",
+                        "peak_rss_gb": 1.0, "wall_s": 1.0, "cpu_s": 1.0, "commit": "abc", "date": "2026-11-29"})
+    text = pvg.write_report(pvg.summarize(records, logs.__getitem__), tmp_path / "page", search=["## The search", "x"])
+    # against the searched PPO (0.6-0.8), not the other PPO rows (0.1): -20.0 ± 2.776 * sqrt(0.02 / 3)
+    assert "| RLOO, searched | -20.0% ± 22.7% |" in text
+    assert "\n## The search\nx\n\n## Commands" in text
