@@ -180,7 +180,7 @@ def search_results(records: list[dict], method: str, scalars_of) -> tuple[dict, 
             first[setting] = (final, record["cpu_s"] / 60)
         elif record["seed"] == protocol.SECOND_SEED:
             second[setting] = final
-    return first, second
+    return protocol.in_grid_order(SEARCH[method][0], first), second
 
 
 def problems_read(records: list[dict]) -> tuple[set, int]:

@@ -115,6 +115,14 @@ def first_grid(axes: dict) -> list[str]:
     return [setting_name(dict(zip(axes, values))) for values in itertools.product(*(a.values for a in axes.values()))]
 
 
+def in_grid_order(axes: dict, results: dict) -> dict:
+    """results {setting: ...} with the first grid's settings first, in its order, then the others as given: the
+    order in which `choose` breaks a tie between settings of equal cost."""
+    grid = first_grid(axes)
+    return {**{name: results[name] for name in grid if name in results},
+            **{name: value for name, value in results.items() if name not in grid}}
+
+
 def step_beyond(axis: Axis, value: str, direction: int) -> str | None:
     """One factor beyond value (direction +1 up, -1 down), written as the grid writes numbers; None outside the
     axis's range."""

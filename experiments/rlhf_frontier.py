@@ -547,7 +547,7 @@ def search_results(tuning_runs: str, method: str) -> tuple[dict, dict]:
             first[r["setting"]] = (gold_at_kl(r["points"], STOP_KL), cpu_at_kl(r, STOP_KL))
         elif r["seed"] == protocol.SECOND_SEED:
             second[r["setting"]] = gold_at_kl(r["points"], STOP_KL)
-    return first, second
+    return protocol.in_grid_order(SEARCH[method], first), second
 
 
 def searched_settings(tuning_runs: str, methods) -> dict[str, str]:

@@ -470,3 +470,38 @@ def test_the_tuned_table_counts_tuning_the_reward_model_and_one_run_all_in(tmp_p
     one = "\n".join(F.tuned_lines(str(tuning), tests[:1] + tests[2:3], rm_minutes=20.0))
     assert "| dpo | a | 4 | 0.400 (one seed, no interval) | 0.020 | 3.0 | 2/2, 8.0 | 11.0 |" in one
     assert "dpo minus ppo" not in one and "Differences" not in one
+
+
+def test_the_search_reads_the_tuning_records_and_the_fresh_prompts_are_unread(tmp_path):
+    """search_results reads each record's gold and CPU minutes at KL 3 (linear between the points around it) by
+    seed; the search asks for the runs its rule wants; `run --searched` refuses before the search is done, then
+    takes the rule's choice; the fresh test prompts are 64, distinct and in no other prompt list."""
+    import shared
+
+    def record(setting, seed, gold_at_3):  # KL 0, 2, 4: KL 3 halfway between the last two points
+        points = [{"kl": 0.0, "gold": 0.1, "cpu_minutes": 0.0}, {"kl": 2.0, "gold": gold_at_3 - 0.1, "cpu_minutes": 1.0},
+                  {"kl": 4.0, "gold": gold_at_3 + 0.1, "cpu_minutes": 3.0}]
+        folder = tmp_path / "dpo"
+        folder.mkdir(exist_ok=True)
+        (folder / f"{setting.replace(' ', '_')}__{seed}.json").write_text(json.dumps(
+            {"method": "dpo", "setting": setting, "seed": seed, "points": points, "cpu_minutes": 3.0}))
+
+    for name in F.protocol.first_grid(F.SEARCH["dpo"]):
+        record(name, 100, 0.5 if name == "lr 1e-4 beta 0.1" else 0.3)
+    first, second = F.search_results(str(tmp_path), "dpo")
+    assert first["lr 1e-4 beta 0.1"] == (pytest.approx(0.5), pytest.approx(2.0)) and second == {}
+    # lr inside; beta 0.1 the lowest: one factor (3) below, 0.0333; then the top two at seed 101: the choice and,
+    # among the rest (all 0.3 at equal cost), the grid's first, lr 5e-5 beta 0.1 (not the first file's name)
+    assert F.protocol.next_runs(F.SEARCH["dpo"], first, second) == [("lr 1e-4 beta 0.0333", 100)]
+    with pytest.raises(SystemExit, match="dpo's search has 1 runs left"):
+        F.searched_settings(str(tmp_path), ["dpo"])
+    record("lr 1e-4 beta 0.0333", 100, 0.2)
+    record("lr 1e-4 beta 0.1", 101, 0.45)
+    record("lr 5e-5 beta 0.1", 101, 0.3)
+    first, second = F.search_results(str(tmp_path), "dpo")
+    assert second == {"lr 1e-4 beta 0.1": pytest.approx(0.45), "lr 5e-5 beta 0.1": pytest.approx(0.3)}
+    assert F.searched_settings(str(tmp_path), ["dpo"]) == {"dpo": "lr 1e-4 beta 0.1"}
+    fresh = set(shared.FRESH_TEST_PROMPTS)
+    others = (set(F.VALIDATION_PROMPTS) | set(shared.load_eval_prompts(None, 64)) | set(F.rlhf.PROMPTS)
+              | set(F.rlhf.EVAL_PROMPTS))
+    assert len(fresh) == len(shared.FRESH_TEST_PROMPTS) == 64 and not fresh & others
