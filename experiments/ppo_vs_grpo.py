@@ -209,12 +209,6 @@ def list_problems() -> None:
     print("\n".join(test[:TEST_EVAL]))
 
 
-def search_choice(first: dict) -> str:
-    """The rule's choice over a method's first tuning seed, {setting: (score, CPU minutes)}: the one setting both
-    `run --searched` runs and the report marks."""
-    return protocol.choose({k: v[0] for k, v in first.items()}, {k: v[1] for k, v in first.items()})
-
-
 def search_lines(records: list[dict]) -> list[str]:
     """The page's part on the search: the rule, then each method's runs, where its choice sits on each axis, the
     second seed's verdict and the method's tuning budget."""
@@ -229,7 +223,7 @@ def search_lines(records: list[dict]) -> list[str]:
         if not first:
             continue
         grid, runs = protocol.first_grid(axes), [r for r in records if r["method"].split(" ")[0] == method]
-        chosen, check = search_choice(first), protocol.second_seed(first, second)
+        chosen, check = protocol.first_choice(first), protocol.second_seed(first, second)
         left = protocol.next_runs(axes, first, second)
         where = "; ".join(f"{axis} {edge}" for axis, edge in protocol.edges(axes, first).items())
         flip = ("" if not check["rows"] else " The mean of seeds 100 and 101 would choose " +
@@ -258,7 +252,7 @@ def searched_methods(records: list[dict]) -> dict[str, str]:
         if left:
             raise SystemExit(f"error: --searched: {method}'s search has {len(left)} runs left; run `python "
                              "experiments/ppo_vs_grpo.py search` first")
-        chosen[f"searched_{method}"] = search_flags(method, search_choice(first))
+        chosen[f"searched_{method}"] = search_flags(method, protocol.first_choice(first))
     return chosen
 
 

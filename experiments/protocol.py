@@ -157,6 +157,12 @@ def beyond(axes: dict, ran: list[str], chosen: str) -> dict:
     return out
 
 
+def first_choice(first: dict) -> str:
+    """The rule's choice over the first tuning seed's runs, {setting: (score, CPU minutes)}: the one setting a
+    harness's report marks and its test runs take."""
+    return choose({k: v[0] for k, v in first.items()}, {k: v[1] for k, v in first.items()})
+
+
 def next_runs(axes: dict, first: dict, second: dict, cap: int = EXTRA_RUNS) -> list[tuple[str, int]]:
     """The runs a method's search needs next, as (setting, seed): first {setting: (score, CPU minutes)} of the
     runs at TUNING_SEED, second {setting: score} at SECOND_SEED. The first grid; then, while the choice sits at
@@ -167,7 +173,7 @@ def next_runs(axes: dict, first: dict, second: dict, cap: int = EXTRA_RUNS) -> l
     if missing:
         return missing
     left = cap - len([name for name in first if name not in grid])
-    chosen = choose({k: v[0] for k, v in first.items()}, {k: v[1] for k, v in first.items()})
+    chosen = first_choice(first)
     wanted = [name for name in beyond(axes, list(first), chosen).values() if name is not None]
     wanted = [name for name in dict.fromkeys(wanted) if name not in first]
     if left > 0 and wanted:
@@ -178,7 +184,7 @@ def next_runs(axes: dict, first: dict, second: dict, cap: int = EXTRA_RUNS) -> l
 def top_two(first: dict) -> list[str]:
     """The rule's choice and the choice among the rest: first {setting: (score, CPU minutes)}."""
     scores, costs = {k: v[0] for k, v in first.items()}, {k: v[1] for k, v in first.items()}
-    chosen = choose(scores, costs)
+    chosen = first_choice(first)
     rest = {k: v for k, v in scores.items() if k != chosen}
     return [chosen, choose(rest, costs)] if rest and any(v is not None for v in rest.values()) else [chosen]
 
@@ -186,7 +192,7 @@ def top_two(first: dict) -> list[str]:
 def edges(axes: dict, first: dict, cap: int = EXTRA_RUNS) -> dict:
     """Where the rule's choice sits on each axis: {axis: "inside"} or the edges, each "lowest"/"highest" with why
     the search did not go beyond: "none allowed" (the axis's range), "cap reached", or "not run yet"."""
-    chosen = choose({k: v[0] for k, v in first.items()}, {k: v[1] for k, v in first.items()})
+    chosen = first_choice(first)
     grid = first_grid(axes)
     why = "cap reached" if len([name for name in first if name not in grid]) >= cap else "not run yet"
     out = {}

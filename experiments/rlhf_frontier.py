@@ -559,7 +559,7 @@ def searched_settings(tuning_runs: str, methods) -> dict[str, str]:
         if left:
             raise SystemExit(f"error: --searched: {method}'s search has {len(left)} runs left; run `python "
                              "experiments/rlhf_frontier.py search` first")
-        chosen[method] = protocol.choose({k: v[0] for k, v in first.items()}, {k: v[1] for k, v in first.items()})
+        chosen[method] = protocol.first_choice(first)
     return chosen
 
 
