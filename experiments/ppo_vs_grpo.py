@@ -33,9 +33,7 @@ import json
 import os
 import re
 import shlex
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import matplotlib
@@ -43,15 +41,15 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import ppo_rlhf_gpt2 as rlhf  # noqa: E402  (the sums' splits)
 import protocol  # noqa: E402  (the tuning rule and budget)
 from protocol import difference_interval, mean_interval  # noqa: E402  (the t- and Welch intervals)
+from runner import (ROOT, command_of, exp_name, flag_dict, last_mean, merge_flags, read_scalars,  # noqa: E402, F401
+                    recorded, run_all, run_items)
 
-ROOT = Path(__file__).resolve().parents[1]
 COMMON = ("--model-name models/smollm2-135m --reward-model arithmetic --arithmetic-digits 2 "
           "--response-length 8 --min-response-length 0 --batch-size 64 --total-episodes 512 "
           "--eval-episodes 256 --eval-every 2 --no-cuda")
@@ -151,21 +149,6 @@ def search_flags(method: str, setting: str) -> str:
     return flags(**protocol.parse_setting(setting, axes))
 
 
-def flag_dict(command: str) -> dict:
-    """A command line's script and flags, {flag: value} (the last of a repeated flag; True for a switch), without
-    the ones that name a run (--seed, --runs-dir, --exp-name)."""
-    words = shlex.split(command)
-    script = next(w for w in words if w.endswith(".py"))
-    words = words[words.index(script) + 1 :]
-    out = {"script": script}
-    for i, word in enumerate(words):
-        if word.startswith("--"):
-            out[word] = words[i + 1] if i + 1 < len(words) and not words[i + 1].startswith("--") else True
-    for key in ("--seed", "--runs-dir", "--exp-name"):
-        out.pop(key, None)
-    return out
-
-
 def search_results(records: list[dict], method: str, scalars_of) -> tuple[dict, dict]:
     """protocol.next_runs's view of a method's recorded runs: ({setting: (validation accuracy, CPU minutes)} at
     TUNING_SEED, {setting: accuracy} at SECOND_SEED)."""
@@ -210,35 +193,18 @@ def list_problems() -> None:
 
 
 def search_lines(records: list[dict]) -> list[str]:
-    """The page's part on the search: the rule, then each method's runs, where its choice sits on each axis, the
-    second seed's verdict and the method's tuning budget."""
+    """The page's part on the search: the rule (protocol.rule_text), then each method's runs and choice
+    (protocol.search_report)."""
     lines = ["## The search (experiments/protocol.py: validation split, seeds 100 and 101, 512 completions)", "",
-             "Each method's first grid (SEARCH, stated before its first run), then while the choice sits at an edge of "
-             f"an axis the value beyond it, at most {protocol.EXTRA_RUNS} runs beyond the grid a method; the rule: the "
-             "highest validation accuracy after 512 completions, the cheapest (CPU minutes) within 1 point; the top "
-             "two settings again at seed 101. Runs marked (earlier) are earlier runs whose commands are the "
-             "setting's.", ""]
+             protocol.rule_text("validation accuracy after 512 completions", "CPU minutes of the run", "1 point") +
+             " Runs marked (earlier) are earlier runs whose commands are the setting's.", ""]
     for method, (axes, _) in SEARCH.items():
         first, second = search_results(records, method, read_scalars)
-        if not first:
-            continue
-        grid, runs = protocol.first_grid(axes), [r for r in records if r["method"].split(" ")[0] == method]
-        chosen, check = protocol.first_choice(first), protocol.second_seed(first, second)
-        left = protocol.next_runs(axes, first, second)
-        where = "; ".join(f"{axis} {edge}" for axis, edge in protocol.edges(axes, first).items())
-        flip = ("" if not check["rows"] else " The mean of seeds 100 and 101 would choose " +
-                (f"`{check['by_mean']}` instead: the choice flips." if check["flips"] else "the same setting."))
-        lines += [f"**{LABELS[method]}**: {len(first)} settings at seed 100 ({len(grid)} in the first grid, "
-                  f"{len(first) - len([n for n in first if n in grid])} beyond it), {len(second)} at seed 101; "
-                  f"{sum(r['cpu_s'] for r in runs) / 60:.1f} CPU minutes in all. Chosen: `{chosen}`; on its axes: "
-                  f"{where}." + (f" Not finished: {len(left)} runs left." if left else "") + flip, "",
-                  "| setting | validation accuracy, seed 100 | seed 101 | CPU minutes | |", "|---|---|---|---|---|"]
-        reused = {r["method"][len(method) + 1 :] for r in runs if "reused_from" in r}
-        for name in [*[n for n in grid if n in first], *[n for n in first if n not in grid]]:
-            lines.append(f"| {name}{' (earlier)' * (name in reused)}{' (beyond the grid)' * (name not in grid)} | "
-                         f"{fmt(first[name][0])} | {fmt(second.get(name))} | {first[name][1]:.1f} | "
-                         f"{'chosen' * (name == chosen)} |")
-        lines.append("")
+        runs = [r for r in records if r["method"].split(" ")[0] == method]
+        if first:
+            lines += protocol.search_report(
+                LABELS[method], axes, first, second, sum(r["cpu_s"] for r in runs) / 60, "validation accuracy",
+                "CPU minutes", fmt, {r["method"][len(method) + 1 :] for r in runs if "reused_from" in r})
     return lines
 
 
@@ -356,101 +322,8 @@ def tuned_methods(tuning: list[dict]) -> dict[str, str]:
     return chosen
 
 
-def command_of(method: str, seed: int, runs: str, common: str = COMMON, methods: dict = METHODS) -> list[str]:
-    """The exact command line of one run (a list for subprocess)."""
-    script, *flags = shlex.split(methods[method])
-    return ["python", script, *merge_flags(shlex.split(common), flags), "--seed", str(seed), "--runs-dir", runs,
-            "--exp-name", exp_name(method)]
-
-
-def merge_flags(common: list[str], flags: list[str]) -> list[str]:
-    """The common flags with a setting's: a flag both give takes the setting's value in the common one's place."""
-    merged = {}
-    for words in (common, flags):
-        for i, word in enumerate(words):
-            if word.startswith("--"):
-                merged[word] = words[i + 1] if i + 1 < len(words) and not words[i + 1].startswith("--") else None
-    return [w for flag, value in merged.items() for w in ([flag] if value is None else [flag, value])]
-
-
-def exp_name(method: str) -> str:
-    """A folder-safe name of a method or tuning run."""
-    return "".join(c if c.isalnum() or c in "-._" else "_" for c in method)
-
-
-def recorded(records_file: Path) -> list[dict]:
-    """The records of a runs folder. A run folder recorded on another machine (or moved) is read from beside
-    the records file, where a committed copy of the runs keeps it."""
-    if not records_file.exists():
-        return []
-    records = [json.loads(line) for line in records_file.read_text().splitlines() if line.strip()]
-    for record in records:
-        beside = records_file.parent / Path(record["run_dir"]).name
-        if not Path(record["run_dir"]).is_absolute():  # relative to the repository root
-            record["run_dir"] = str(ROOT / record["run_dir"])
-        elif not Path(record["run_dir"]).exists() and beside.exists():
-            record["run_dir"] = str(beside)
-    return records
-
-
-def run_all(methods: list[str], seeds: list[int], runs: Path, jobs: int, common: str,
-            flags: dict = METHODS) -> None:
-    """Runs every (method, seed) not yet in <runs>/records.jsonl, `jobs` at a time, in the order seed by seed
-    (so that each method's runs meet the others' side by side); one record per finished run."""
-    run_items([(m, s) for s in seeds for m in methods], runs, jobs, common, flags)
-
-
-def run_items(items: list[tuple[str, int]], runs: Path, jobs: int, common: str, flags: dict = METHODS) -> None:
-    """Runs each (method, seed) of items not yet in <runs>/records.jsonl, in order, `jobs` at a time; one record
-    per finished run."""
-    records_file = runs / "records.jsonl"
-    done = {(r["method"], r["seed"]) for r in recorded(records_file)}
-    queue = [(m, s) for m, s in items if (m, s) not in done]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip()
-    running = {}
-    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
-    while queue or running:
-        while queue and len(running) < jobs:
-            method, seed = queue.pop(0)
-            command = command_of(method, seed, os.path.relpath(runs, ROOT), common, flags)
-            command[0] = sys.executable
-            log = open(runs / f"{exp_name(method)}__{seed}.log", "w")
-            process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
-            running[process.pid] = (method, seed, command, time.time(), log)
-            print(f"started {method} seed {seed}: {shlex.join(command[1:])}", flush=True)
-        pid, status, usage = os.wait4(-1, 0)
-        if pid not in running:
-            continue
-        method, seed, command, start, log = running.pop(pid)
-        log.close()
-        wall = time.time() - start
-        if os.waitstatus_to_exitcode(status) != 0:
-            print(f"{method} seed {seed} failed (exit {os.waitstatus_to_exitcode(status)}): see "
-                  f"{runs}/{exp_name(method)}__{seed}.log", flush=True)
-            continue
-        run_dir = sorted(runs.glob(f"{exp_name(method)}__{seed}__*"))[-1]
-        record = {"method": method, "seed": seed, "command": "python " + shlex.join(command[1:]),
-                  "run_dir": os.path.relpath(run_dir, ROOT) if run_dir.is_relative_to(ROOT) else str(run_dir),
-                  "peak_rss_gb": usage.ru_maxrss * 1024 / 1e9, "wall_s": wall,
-                  # CPU seconds of the whole run (loading and evaluations included): unlike wall-clock seconds,
-                  # hardly changed by other processes on the machine
-                  "cpu_s": usage.ru_utime + usage.ru_stime,
-                  "commit": commit, "date": time.strftime("%Y-%m-%d")}
-        with open(records_file, "a") as f:
-            f.write(json.dumps(record) + "\n")
-        print(f"finished {method} seed {seed} in {wall / 60:.1f} min, peak {record['peak_rss_gb']:.2f} GB",
-              flush=True)
-
-
 # ------------------------------------------------------------------------------------------------------------
 # The report: what the figure and the tables show, computed from each run's log (tested on small inputs).
-
-
-def read_scalars(run_dir: str) -> dict:
-    events = EventAccumulator(run_dir, size_guidance={"scalars": 0})
-    events.Reload()
-    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
 
 
 def run_curves(scalars: dict, batch_size: int) -> dict:
@@ -465,12 +338,6 @@ def run_curves(scalars: dict, batch_size: int) -> dict:
     return {"completions": [step * batch_size for step in steps],
             "seconds": [float(elapsed[step]) for step in steps],
             "accuracy": [value for _, value in scalars["eval/accuracy"]]}
-
-
-def last_mean(scalars: dict, tag: str, last: int) -> float:
-    """The mean of a tag over the last `last` iterations, nan values (no right answer in a batch) left out."""
-    values = np.array([value for _, value in scalars.get(tag, [])][-last:], dtype=float)
-    return float(np.nanmean(values)) if len(values) and not np.isnan(values).all() else float("nan")
 
 
 def summarize(records: list[dict], scalars_of) -> dict:
@@ -759,7 +626,7 @@ def main() -> None:
             run_all([method], args.seeds, runs, args.jobs, common, {method: chosen[method[: -len("_equal_cpu")]]})
     elif args.subcommand == "run":
         runs.mkdir(parents=True, exist_ok=True)
-        run_all(args.methods, args.seeds, runs, args.jobs, args.common)
+        run_all(args.methods, args.seeds, runs, args.jobs, args.common, METHODS)
     elif args.subcommand == "problems":
         list_problems()
     elif args.subcommand == "search":

@@ -226,3 +226,39 @@ def search(methods: dict, results, run, cap: int = EXTRA_RUNS) -> None:
             raise SystemExit(f"error: these runs did not record a result: {todo}")
         run(todo)
         asked = todo
+
+
+def rule_text(score: str, cost: str, tie: str) -> str:
+    """The search and the rule in one paragraph, as both pages state them before their results."""
+    return (f"Each method's first grid, stated before its first run, one run a setting at seed {TUNING_SEED}; then, "
+            "while the rule's choice sits at an edge of an axis, the nearest value beyond that edge (a value another "
+            f"run has, else one step of the axis), at most {EXTRA_RUNS} runs beyond the grid a method. The rule: the "
+            f"highest {score}; among the settings within {tie} of it, the cheapest ({cost}). The top two settings run "
+            f"again at seed {SECOND_SEED}; the choice stays the first seed's, and the page says whether the mean of "
+            "both seeds would choose otherwise.")
+
+
+def search_report(label: str, axes: dict, first: dict, second: dict, cpu_minutes: float, score: str, cost: str,
+                  fmt, reused=(), cap: int = EXTRA_RUNS) -> list[str]:
+    """A method's search on a page: one paragraph (its runs at each seed, in the grid and beyond it, their CPU
+    minutes, the choice, where it sits on each axis, the second seed's verdict, the runs left) and a table of its
+    settings, the grid's first. first and second as next_runs reads them; fmt formats a score (None: no score);
+    reused: the settings whose run is an earlier run with the same flags; cpu_minutes: all the method's runs. A
+    setting not run at the second seed: "-"."""
+    grid = first_grid(axes)
+    chosen, check, left = first_choice(first), second_seed(first, second), next_runs(axes, first, second, cap)
+    where = "; ".join(f"{axis} {edge}" for axis, edge in edges(axes, first, cap).items())
+    beyond_grid = [name for name in first if name not in grid]
+    flip = "" if not check["rows"] else f" The mean of seeds {TUNING_SEED} and {SECOND_SEED} would choose " + (
+        f"`{check['by_mean']}` instead: the choice flips." if check["flips"] else "the same setting.")
+    lines = [f"**{label}**: {len(first)} settings at seed {TUNING_SEED} ({len(first) - len(beyond_grid)} of the "
+             f"first grid's {len(grid)}, {len(beyond_grid)} beyond it), {len(second)} at seed {SECOND_SEED}; "
+             f"{cpu_minutes:.1f} CPU minutes in all. Chosen: `{chosen}`; on its axes: {where}."
+             + (f" Not finished: {len(left)} runs left." if left else "") + flip, "",
+             f"| setting | {score}, seed {TUNING_SEED} | seed {SECOND_SEED} | {cost} | |", "|---|---|---|---|---|"]
+    for name in [*[n for n in grid if n in first], *beyond_grid]:
+        cost_cell = "n/a" if first[name][1] is None else f"{first[name][1]:.1f}"
+        lines.append(f"| {name}{' (earlier)' * (name in reused)}{' (beyond the grid)' * (name not in grid)} | "
+                     f"{fmt(first[name][0])} | {fmt(second[name]) if name in second else '-'} | {cost_cell} | "
+                     f"{'chosen' * (name == chosen)} |")
+    return lines + [""]

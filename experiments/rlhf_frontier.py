@@ -126,7 +126,7 @@ class Common:
     """the seed of the evaluation's random stream (the same draws at every point)"""
     split: str = "test"
     """the prompts measured: `test` (the tables' before the search), `validation` (the tuning's,
-    VALIDATION_PROMPTS) or `fresh` (the search's test prompts, shared.FRESH_TEST_PROMPTS)"""
+    shared.VALIDATION_PROMPTS) or `fresh` (the search's test prompts, shared.FRESH_TEST_PROMPTS)"""
     flags: str = "--no-cuda --num-threads 1"
     """flags added to every script's command"""
 
@@ -234,7 +234,7 @@ class Frontier:
         self.tokenizer, self.stop_token_id = dpo.load_tokenizer(common.model_name, self.args.stop_token)
         self.reference = dpo.load_policy(common.model_name, self.device)
         self.gold_fn = dpo.load_gold_fn(self.args, self.device)
-        prompts = {"validation": VALIDATION_PROMPTS, "fresh": shared.FRESH_TEST_PROMPTS}.get(common.split)
+        prompts = {"validation": shared.VALIDATION_PROMPTS, "fresh": shared.FRESH_TEST_PROMPTS}.get(common.split)
         self.prompts = (shared.load_eval_prompts(None, common.num_prompts) if prompts is None else
                         [prompts[i % len(prompts)] for i in range(common.num_prompts)])
 
@@ -619,6 +619,47 @@ def frontier_rows(records: list[dict]) -> list[dict]:
     return out
 
 
+def test_lines(chosen: dict, records: list[dict], tuning: dict, rm_minutes: float | None, split: str) -> list[str]:
+    """Each method's chosen setting at its test seeds (records of `split`): gold at KL 3 over seeds, CPU minutes
+    to it, the tuning's runs and CPU minutes (tuning {method: (runs text, minutes)}) and all in (the tuning, the
+    reward model the RL methods need, one run to KL 3); then the differences between methods."""
+    lines = ["| method | chosen setting | test seeds | gold at KL 3 | per-point SE | CPU minutes to KL 3 | "
+             "tuning: runs, CPU minutes | all in |", "|---" * 8 + "|"]
+    tested, all_in = {}, {}
+    for m, (runs_text, tuning_minutes) in tuning.items():
+        if m not in chosen:
+            lines.append(f"| {m} | (tuning runs missing) | - | - | - | - | {runs_text}, {tuning_minutes:.1f} | - |")
+            continue
+        seeds = [r for r in records if (r["method"], r["setting"]) == (m, chosen[m]) and r.get("split", "test")
+                 == split and r["seed"] not in (protocol.TUNING_SEED, protocol.SECOND_SEED)]
+        golds = [gold_at_kl(r["points"], 3.0) for r in seeds]
+        if not seeds or None in golds:
+            lines.append(f"| {m} | {chosen[m]} | " + (f"{len(seeds)}, not all reach KL 3" if seeds else "none yet")
+                         + f" | - | - | - | {runs_text}, {tuning_minutes:.1f} | - |")
+            continue
+        tested[m] = golds
+        mean, half, _ = mean_interval(golds)
+        gold = f"{mean:.3f} ± {half:.3f}" if len(golds) > 1 else f"{mean:.3f} (one seed, no interval)"
+        se = np.mean([float(at_kl(r["points"], 3.0, "gold_se")) for r in seeds])
+        cpu = [cpu_at_kl(r, 3.0) for r in seeds]
+        needs_rm = m != "dpo"
+        if None not in cpu and (rm_minutes is not None or not needs_rm):
+            all_in[m] = tuning_minutes + (rm_minutes if needs_rm else 0.0) + np.mean(cpu)
+        lines.append(f"| {m} | {chosen[m]} | {', '.join(str(r['seed']) for r in seeds)} | {gold} | "
+                     f"{se:.3f} | " + ("-" if None in cpu else f"{np.mean(cpu):.1f}") +
+                     f" | {runs_text}, {tuning_minutes:.1f} | " + (f"{all_in[m]:.1f}" if m in all_in else "-") + " |")
+    tested = {m: golds for m, golds in tested.items() if len(golds) > 1}  # an interval needs two seeds
+    if len(tested) > 1:
+        lines += ["", "Differences at KL 3 on the test prompts, 95% Welch intervals over seeds:", ""]
+        for a, b in itertools.combinations(tested, 2):
+            d, h = difference_interval(tested[a], tested[b])
+            lines.append(f"- {a} minus {b}: {d:+.3f} ± {h:.3f}" + ("" if abs(d) > h else " (inconclusive)"))
+    if "dpo" in all_in and "ppo" in all_in:
+        lines += ["", f"All in, DPO's CPU minutes are {all_in['dpo'] / all_in['ppo']:.1%} of PPO's (the goal: at most "
+                  "a quarter, with DPO's gold at KL 3 at least PPO's)."]
+    return lines
+
+
 def tuned_lines(tuning_runs: str, records: list[dict], rm_minutes: float | None = None) -> list[str]:
     """The page's part on the tuning: each method's chosen setting on the test prompts (its test seeds), the
     differences between them, what a user pays to reach KL 3 (the tuning runs, the reward model the RL methods
@@ -631,48 +672,15 @@ def tuned_lines(tuning_runs: str, records: list[dict], rm_minutes: float | None 
     initial = read_json(os.path.join(tuning_runs, "initial.json"))
     lines = ["## After equal tuning", "",
              f"Each method's grid of {protocol.MIN_RUNS} settings (`TUNING`, stated before the first run), each run "
-             f"once (seed {protocol.TUNING_SEED}) on {len(VALIDATION_PROMPTS)} validation prompts (the initial "
+             f"once (seed {protocol.TUNING_SEED}) on {len(shared.VALIDATION_PROMPTS)} validation prompts (the initial "
              f"policy's gold there {initial['gold']:.3f} ± {initial['gold_se']:.3f}) and stopped at its first point "
              f"at KL >= {STOP_KL:g}; chosen: the highest validation gold at KL {STOP_KL:g}, the cheapest "
              f"(CPU minutes to it) within {protocol.TIE} of it, a run that never reaches KL {STOP_KL:g} only if none "
              "does (experiments/protocol.py); then its test seeds on the held-out prompts. Gold at KL 3: mean over "
              "seeds, 95% t-interval; per point: the mean standard error over prompts of one run's point. All in: "
-             "the tuning runs' CPU minutes, the reward model's (PPO, GRPO), and one run's to KL 3.", "",
-             "| method | chosen setting | test seeds | gold at KL 3 | per-point SE | CPU minutes to KL 3 | "
-             "tuning: runs, CPU minutes | all in |", "|---" * 8 + "|"]
-    tested, all_in = {}, {}
-    for m in methods:
-        runs_cpu = f"{len(tables[m])}/{len(TUNING[m])}, {sum(r['cpu_minutes'] for r in tables[m]):.1f}"
-        if m not in chosen:
-            lines.append(f"| {m} | (tuning runs missing) | - | - | - | - | {runs_cpu} | - |")
-            continue
-        seeds = [r for r in records
-                 if (r["method"], r["setting"]) == (m, chosen[m]) and r["seed"] != protocol.TUNING_SEED]
-        golds = [gold_at_kl(r["points"], 3.0) for r in seeds]
-        if not seeds or None in golds:
-            lines.append(f"| {m} | {chosen[m]} | " + (f"{len(seeds)}, not all reach KL 3" if seeds else "none yet")
-                         + f" | - | - | - | {runs_cpu} | - |")
-            continue
-        tested[m] = golds
-        mean, half, _ = mean_interval(golds)
-        gold = f"{mean:.3f} ± {half:.3f}" if len(golds) > 1 else f"{mean:.3f} (one seed, no interval)"
-        se = np.mean([float(at_kl(r["points"], 3.0, "gold_se")) for r in seeds])
-        cpu = [cpu_at_kl(r, 3.0) for r in seeds]
-        needs_rm = m != "dpo"
-        if None not in cpu and (rm_minutes is not None or not needs_rm):
-            all_in[m] = sum(r["cpu_minutes"] for r in tables[m]) + (rm_minutes if needs_rm else 0.0) + np.mean(cpu)
-        lines.append(f"| {m} | {chosen[m]} | {', '.join(str(r['seed']) for r in seeds)} | {gold} | "
-                     f"{se:.3f} | " + ("-" if None in cpu else f"{np.mean(cpu):.1f}") + f" | {runs_cpu} | "
-                     + (f"{all_in[m]:.1f}" if m in all_in else "-") + " |")
-    tested = {m: golds for m, golds in tested.items() if len(golds) > 1}  # an interval needs two seeds
-    if len(tested) > 1:
-        lines += ["", "Differences at KL 3 on the test prompts, 95% Welch intervals over seeds:", ""]
-        for a, b in itertools.combinations(tested, 2):
-            d, h = difference_interval(tested[a], tested[b])
-            lines.append(f"- {a} minus {b}: {d:+.3f} ± {h:.3f}" + ("" if abs(d) > h else " (inconclusive)"))
-    if "dpo" in all_in and "ppo" in all_in:
-        lines += ["", f"All in, DPO's CPU minutes are {all_in['dpo'] / all_in['ppo']:.1%} of PPO's (the goal: at most "
-                  "a quarter, with DPO's gold at KL 3 at least PPO's)."]
+             "the tuning runs' CPU minutes, the reward model's (PPO, GRPO), and one run's to KL 3.", ""]
+    tuning = {m: (f"{len(tables[m])}/{len(TUNING[m])}", sum(r["cpu_minutes"] for r in tables[m])) for m in methods}
+    lines += test_lines(chosen, records, tuning, rm_minutes, "test")
     for m in methods:
         lines += ["", f"{m}'s tuning runs (validation prompts):", "",
                   f"| setting | gold at KL {STOP_KL:g} | CPU minutes to it | CPU minutes of the run | last point: KL, "
@@ -683,6 +691,36 @@ def tuned_lines(tuning_runs: str, records: list[dict], rm_minutes: float | None 
             lines.append(f"| {r['setting']} | {gold} | {cpu} | {r['cpu_minutes']:.1f} | {r['last']['kl']:.2f}, "
                          f"{r['last']['gold']:.3f} | {'yes' if chosen.get(m) == r['setting'] else ''} |")
     return lines + [""]
+
+
+def searched_lines(tuning_runs: str, records: list[dict], rm_minutes: float | None = None) -> list[str]:
+    """The page's part on the search (SEARCH): the rule, each method's search (protocol.search_report: its runs,
+    choice, edges, second seed), then each choice at FRESH_SEEDS on the fresh test prompts (test_lines)."""
+    runs = {m: [read_json(p) for p in sorted(glob.glob(os.path.join(tuning_runs, m, "*.json")))] for m in SEARCH}
+    if not any(r["setting"] not in TUNING.get(m, ()) for m in SEARCH for r in runs[m]):
+        return []  # the search has not begun beyond the earlier grids
+    results = {m: search_results(tuning_runs, m) for m in SEARCH}
+    lines = ["## The search, then the fresh test prompts", "",
+             protocol.rule_text(f"validation gold at KL {STOP_KL:g}", f"CPU minutes to KL {STOP_KL:g}",
+                                f"{protocol.TIE} gold") +
+             f" Each run on the {len(shared.VALIDATION_PROMPTS)} validation prompts, stopped at its first point at "
+             f"KL >= {STOP_KL:g}; a setting that never reaches it is chosen only if none does. Runs marked (earlier) "
+             "ran before the search's grids were written (the grids of `TUNING`). The choices then run at seeds "
+             f"{', '.join(map(str, FRESH_SEEDS))} on {len(shared.FRESH_TEST_PROMPTS)} test prompts written before the "
+             "search and read by no run before (`--split fresh`).", ""]
+    tuning, chosen = {}, {}
+    for m, (first, second) in results.items():
+        if not first:
+            continue
+        minutes = sum(r["cpu_minutes"] for r in runs[m])
+        lines += protocol.search_report(m, SEARCH[m], first, second, minutes, f"validation gold at KL {STOP_KL:g}",
+                                        f"CPU minutes to KL {STOP_KL:g}", lambda v: "not reached" if v is None
+                                        else f"{v:.3f}", set(TUNING.get(m, ())))
+        tuning[m] = (f"{len(runs[m])}", minutes)
+        if not protocol.next_runs(SEARCH[m], first, second):
+            chosen[m] = protocol.first_choice(first)
+    return lines + ["The choices on the fresh test prompts (gold at KL 3: mean over seeds, 95% t-interval):", "",
+                    *test_lines(chosen, records, tuning, rm_minutes, "fresh"), ""]
 
 
 def report(args: Report) -> str:
@@ -696,7 +734,9 @@ def report(args: Report) -> str:
     initial = read_json(os.path.join(runs, "initial.json"))
     rm_record = read_json(os.path.join(runs, "reward_model.json")) if os.path.exists(
         os.path.join(runs, "reward_model.json")) else None
-    lines = tuned_lines(os.path.join(runs, "tuning"), records, rm_record and rm_record["cpu_minutes"]) + [
+    rm_minutes = rm_record and rm_record["cpu_minutes"]
+    lines = searched_lines(os.path.join(runs, "tuning"), records, rm_minutes) + tuned_lines(
+        os.path.join(runs, "tuning"), records, rm_minutes) + [
         "## The frontier", "",
              f"Initial policy: gold {initial['gold']:.3f} ± {initial['gold_se']:.3f} (standard error over "
              f"{len(initial['gold_per_prompt'])} held-out prompts). Gold at each KL: the mean over seeds and its "
@@ -790,34 +830,6 @@ def write_json(path: str, record: dict) -> None:
     with open(path + ".tmp", "w") as f:
         json.dump(record, f, indent=1)
     os.replace(path + ".tmp", path)  # a record exists only whole: an interrupted run is redone
-
-
-# Validation openings of movie reviews, written for the tuning: none is a training prompt (ppo_rlhf_gpt2.PROMPTS,
-# the preference file's) or a test prompt (shared.py's 64); a test keeps them apart.
-VALIDATION_PROMPTS = [
-    "The poster for this film promised", "I caught the matinee on a Tuesday and", "The opening monologue",
-    "My uncle, who hates musicals,", "The car chase through the market", "This thriller set on an island",
-    "Ten minutes after the credits, I", "The producers of this sequel", "Among this year's comedies, this one",
-    "The first-time screenwriter", "This disaster movie", "The romance between the two strangers",
-    "Seeing it on the big screen again,", "The minor characters", "This film about a lighthouse keeper",
-    "The climactic duel", "The prologue in the desert", "My roommate insisted we watch this, and",
-    "The third entry in the franchise", "The audience at the premiere", "This silent film",
-    "The detective's partner", "Every review I had skimmed", "The scenes in the old mansion",
-    "Nothing in the trailer hinted that the film", "The retired boxer at the center of the plot",
-    "This story of first love", "The subtitles on my copy", "My film class watched this because",
-    "The train journey that frames the story", "This documentary about a jazz drummer",
-    "The hospital scenes near the end", "Just before the intermission,", "The wigs in this costume drama",
-    "The writer's own small role", "This zombie picture from the seventies", "The orchestral score",
-    "My ten-year-old nephew said the film", "The robot sidekick", "The long silences between the sisters",
-    "This caper about a stolen painting", "The corporate intrigue", "Two and a half hours later, this film",
-    "The cartoon that played before it", "The last image of the harbor", "This western set in the desert",
-    "The star's attempt at a new accent", "The prequel that explains nothing", "The gags in the opening scene",
-    "This film about a family vineyard", "The underwater sequences", "When the film ended, the theater",
-    "The antagonist's backstory", "This adaptation of a stage play", "The rivalry between the brothers",
-    "The tempo of the final act", "This biopic of a singer", "The cat in this film", "The scenes on the moon",
-    "Watching this on a small laptop,", "This film about two rival florists", "The memories of the summer camp",
-    "The plot twist in the second hour", "The first time the heroine sings,",
-]
 
 
 

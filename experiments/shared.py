@@ -1,8 +1,9 @@
-"""What the RLHF experiments share: the held-out prompts and the best-of-n math.
+"""What the RLHF experiments share: their prompt sets and the best-of-n math.
 
 The held-out prompts are ppo_rlhf_gpt2.EVAL_PROMPTS and MORE_EVAL_PROMPTS below, 64 distinct movie-review openings
 that neither the preference files (ppo_rlhf_gpt2.PROMPTS) nor PPO's training use: rlhf_overoptimization.py's
-best-of-n prompts and rlhf_frontier.py's test set.
+best-of-n prompts and rlhf_frontier.py's first test set. FRESH_TEST_PROMPTS and VALIDATION_PROMPTS, 64 each:
+rlhf_frontier.py's test set of its search and the set its tuning reads.
 
 Best-of-n keeps the response the proxy ranks highest among n. Its expected proxy and gold over all n-subsets of a
 prompt's N samples: sort by proxy, the i-th best (from 1) is the subset's best with probability
@@ -90,7 +91,7 @@ MORE_EVAL_PROMPTS = [
 
 # The frontier's fresh test prompts: 64 more openings, written before any run of the search (protocol.py's) and
 # read by no run before its grids were fixed; rlhf_frontier.py's split "fresh". Distinct from every other prompt
-# list here, in ppo_rlhf_gpt2.py and in rlhf_frontier.py (a test checks).
+# list here, and in ppo_rlhf_gpt2.py (a test checks).
 FRESH_TEST_PROMPTS = [
     "The narrator's voice over the opening shots", "My neighbor recommended this film, and",
     "The fourth installment of the saga", "The crowd at the drive-in", "This noir shot in color",
@@ -118,4 +119,31 @@ FRESH_TEST_PROMPTS = [
     "This thriller about a missing painting", "The twins who play the leads", "The last ten minutes of the film",
     "This quiet drama about a fisherman", "The mystery of the locked room", "My date and I agreed that this movie",
     "The opening scene at the airport",
+]
+
+# Validation openings of movie reviews, written for rlhf_frontier.py's tuning: none is a training prompt
+# (ppo_rlhf_gpt2.PROMPTS, the preference file's) or a test prompt (the 64 above); a test keeps them apart.
+VALIDATION_PROMPTS = [
+    "The poster for this film promised", "I caught the matinee on a Tuesday and", "The opening monologue",
+    "My uncle, who hates musicals,", "The car chase through the market", "This thriller set on an island",
+    "Ten minutes after the credits, I", "The producers of this sequel", "Among this year's comedies, this one",
+    "The first-time screenwriter", "This disaster movie", "The romance between the two strangers",
+    "Seeing it on the big screen again,", "The minor characters", "This film about a lighthouse keeper",
+    "The climactic duel", "The prologue in the desert", "My roommate insisted we watch this, and",
+    "The third entry in the franchise", "The audience at the premiere", "This silent film",
+    "The detective's partner", "Every review I had skimmed", "The scenes in the old mansion",
+    "Nothing in the trailer hinted that the film", "The retired boxer at the center of the plot",
+    "This story of first love", "The subtitles on my copy", "My film class watched this because",
+    "The train journey that frames the story", "This documentary about a jazz drummer",
+    "The hospital scenes near the end", "Just before the intermission,", "The wigs in this costume drama",
+    "The writer's own small role", "This zombie picture from the seventies", "The orchestral score",
+    "My ten-year-old nephew said the film", "The robot sidekick", "The long silences between the sisters",
+    "This caper about a stolen painting", "The corporate intrigue", "Two and a half hours later, this film",
+    "The cartoon that played before it", "The last image of the harbor", "This western set in the desert",
+    "The star's attempt at a new accent", "The prequel that explains nothing", "The gags in the opening scene",
+    "This film about a family vineyard", "The underwater sequences", "When the film ended, the theater",
+    "The antagonist's backstory", "This adaptation of a stage play", "The rivalry between the brothers",
+    "The tempo of the final act", "This biopic of a singer", "The cat in this film", "The scenes on the moon",
+    "Watching this on a small laptop,", "This film about two rival florists", "The memories of the summer camp",
+    "The plot twist in the second hour", "The first time the heroine sings,",
 ]

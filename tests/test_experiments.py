@@ -962,6 +962,7 @@ def test_ppo_vs_grpo_search_counts_earlier_runs_by_their_flags_and_report_and_ru
     monkeypatch.setattr(pvg, "SEARCH", {"rloo": (axes, lambda lr, G: f"grpo_gpt2.py --advantage rloo --num-generations "
                                                                       f"{G} --learning-rate {lr}")})
     monkeypatch.setattr(pvg, "ROOT", tmp_path)
+    monkeypatch.setattr(sys.modules["runner"], "ROOT", tmp_path)  # where recorded() reads relative run folders
     truth = {("2e-5", "4"): 0.50, ("2e-5", "8"): 0.49, ("4e-5", "4"): 0.45}  # 2e-5 G 8 within a point, cheaper
     logs, ran = {}, []
 
@@ -1004,12 +1005,46 @@ def test_ppo_vs_grpo_search_counts_earlier_runs_by_their_flags_and_report_and_ru
     assert pvg.searched_methods(records) == {"searched_rloo": pvg.search_flags("rloo", "lr 2e-5 G 8")}
     page = "\n".join(pvg.search_lines(records))
     assert "| lr 2e-5 G 8 | 49.0% | 48.0% | 1.0 | chosen |" in page
-    assert "| lr 1e-5 G 4 (earlier) | 20.0% | n/a | 0.5 |  |" in page
+    assert "| lr 1e-5 G 4 (earlier) | 20.0% | - | 0.5 |  |" in page
     assert "Chosen: `lr 2e-5 G 8`; on its axes: lr inside; G highest (none allowed)." in page
     assert "would choose the same setting" in page
     with pytest.raises(SystemExit, match="search has 1 runs left"):
         pvg.searched_methods([r for r in records if r["method"] != "rloo lr 2e-5 G 4" or r["seed"] != 101])
 
+
+
+def test_runner_runs_each_missing_run_once_records_it_and_skips_failures(tmp_path, monkeypatch):
+    """experiments/runner.py on a stand-in script (no model): 3 runs two at a time, each with the common flags and
+    its setting's (the setting's value wins), one record a finished run with its own folder and CPU seconds; a
+    run that fails leaves no record, though its folder exists; a second call runs only what is not recorded, and
+    a run that leaves no folder of its own is not recorded from an earlier try's."""
+    runner = load("runner")
+    monkeypatch.setattr(runner, "ROOT", tmp_path)
+    (tmp_path / "fake.py").write_text(
+        "import argparse, os, sys, time\n"
+        "p = argparse.ArgumentParser(); [p.add_argument(f) for f in ('--seed', '--runs-dir', '--exp-name', '--x', "
+        "'--fail')]\n"
+        "a = p.parse_args()\n"
+        "end = time.process_time() + 0.2\n"
+        "while time.process_time() < end: pass\n"  # CPU seconds the record must count
+        "os.makedirs(os.path.join(a.runs_dir, f'{a.exp_name}__{a.seed}__{a.x}'))\n"
+        "if a.fail == a.seed: sys.exit(3)\n")  # a crash after the run's folder exists
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    flags = {"m a": "fake.py --x 7", "m/b": "fake.py --fail 2"}
+    runner.run_items([("m a", 1), ("m/b", 1), ("m/b", 2)], runs, 2, "--x 1 --fail 0", flags)
+    records = runner.recorded(runs / "records.jsonl")
+    assert sorted((r["method"], r["seed"]) for r in records) == [("m a", 1), ("m/b", 1)]
+    by = {(r["method"], r["seed"]): r for r in records}
+    assert Path(by["m a", 1]["run_dir"]) == runs / "m_a__1__7"  # the setting's --x 7 over the common --x 1
+    assert Path(by["m/b", 1]["run_dir"]) == runs / "m_b__1__1"
+    assert by["m a", 1]["command"] == ("python fake.py --x 7 --fail 0 --seed 1 --runs-dir runs --exp-name m_a")
+    assert all(r["cpu_s"] >= 0.2 and r["wall_s"] >= 0.2 for r in records)
+    assert (runs / "m_b__2.log").exists() and (runs / "m_b__2__1").exists()  # failed, its folder left
+    (tmp_path / "fake.py").write_text("open('ran', 'a').write('x')\n")  # a run now: a mark, success, no folder
+    runner.run_items([("m a", 1), ("m/b", 1), ("m/b", 2)], runs, 1, "--x 1 --fail 0", flags)
+    assert (tmp_path / "ran").read_text() == "x"  # the failed run only, again
+    assert len(runner.recorded(runs / "records.jsonl")) == 2  # the failed try's folder is not this run's
 
 def test_ppo_vs_grpo_problems_read_are_the_first_evaluated_held_out_prompts_of_two_digit_runs():
     pvg = load("ppo_vs_grpo")

@@ -160,3 +160,27 @@ def test_an_edge_s_next_value_is_the_nearest_one_run_before_a_new_step():
     first = {protocol.setting_name({"lr": lr, "G": g}): (0.3, 1.0) for lr in axes["lr"].values for g in ("4", "8")}
     first["lr 3e-5 G 4"], first["lr 3e-5 G 2"] = (0.5, 1.0), (0.6, 1.0)
     assert next_runs(axes, first, {}) == [("lr 1e-5 G 2", FIRST), ("lr 9e-5 G 2", FIRST)]
+
+
+def test_the_page_s_search_report_counts_runs_marks_the_choice_and_its_edges_by_hand():
+    # lr 8e-5 G 4 at the top of lr; G 8 above it, G 2 below run (no score); two runs beyond the grid reach the
+    # cap of 2 before lr's next value; the runner-up lr 4e-5 G 4 beats the choice at the second seed: a flip
+    first = table("lr 8e-5 G 4", **{"lr 4e-5 G 4": (0.55, 2.0), "lr 4e-5 G 2": (0.2, 1.0),
+                                    "lr 8e-5 G 2": (None, None)})
+    second = {"lr 8e-5 G 4": 0.4, "lr 4e-5 G 4": 0.7}
+    lines = protocol.search_report("RLOO", AXES, first, second, 12.34, "accuracy", "CPU minutes",
+                                   lambda v: "n/a" if v is None else f"{v:.0%}", {"lr 1e-5 G 4"}, cap=2)
+    assert lines[0] == ("**RLOO**: 10 settings at seed 100 (8 of the first grid's 8, 2 beyond it), 2 at seed 101; "
+                        "12.3 CPU minutes in all. Chosen: `lr 8e-5 G 4`; on its axes: lr highest (cap reached); "
+                        "G inside. The mean of seeds 100 and 101 would choose `lr 4e-5 G 4` instead: the choice "
+                        "flips.")
+    rows = lines[4:-1]
+    assert rows[0] == "| lr 1e-5 G 4 (earlier) | 30% | - | 1.0 |  |"
+    assert rows[4] == "| lr 4e-5 G 4 | 55% | 70% | 2.0 |  |" and rows[6] == "| lr 8e-5 G 4 | 60% | 40% | 1.0 | chosen |"
+    assert rows[8:] == ["| lr 4e-5 G 2 (beyond the grid) | 20% | - | 1.0 |  |",
+                        "| lr 8e-5 G 2 (beyond the grid) | n/a | - | n/a |  |"]
+    # before the second seed: the runs left are counted, no verdict on a flip
+    assert protocol.search_report("RLOO", AXES, first, {}, 1.0, "accuracy", "CPU minutes", str, cap=2)[0].endswith(
+        "G inside. Not finished: 2 runs left.")
+    assert "lr highest (not run yet)" in protocol.search_report("RLOO", AXES, first, {}, 1.0, "a", "c", str)[0]
+    assert "at most 6 runs beyond the grid" in protocol.rule_text("score", "CPU minutes", "1 point")

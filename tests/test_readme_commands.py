@@ -95,7 +95,13 @@ def script_calls(command: str):
             grid = harness.TUNING if "--earlier-grid" in flags else harness.PROTOCOL_TUNING
             return [(c[1], c[2:]) for c in (harness.command_of(m, 1, "runs", harness.TUNING_COMMON, grid)
                                              for m in grid)], None
-        return [(c[1], c[2:]) for c in (harness.command_of(m, 1, "runs") for m in harness.METHODS)], None
+        if "--searched" in flags:  # every setting of the search's first grids, as the test runs take them
+            grid = {f"{m} {name}": harness.search_flags(m, name) for m, (axes, _) in harness.SEARCH.items()
+                    for name in harness.protocol.first_grid(axes)}
+            return [(c[1], c[2:]) for c in (harness.command_of(m, 1, "runs", harness.TEST_COMMON, grid)
+                                             for m in grid)], None
+        return [(c[1], c[2:]) for c in (harness.command_of(m, 1, "runs", harness.COMMON, harness.METHODS)
+                                         for m in harness.METHODS)], None
     if program == "experiments/rlhf_frontier.py" and flags[0] in ("run", "reward-model", "tune"):
         harness = load_experiment("rlhf_frontier")
         if flags[0] == "reward-model":

@@ -20,6 +20,7 @@ spec = importlib.util.spec_from_file_location("rlhf_frontier", os.path.join(ROOT
 frontier_module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(frontier_module)
 F = frontier_module
+shared = F.shared  # the prompt sets
 
 
 def test_gold_at_kl_by_hand():
@@ -297,8 +298,6 @@ def test_the_protocol_s_rule_by_hand():
 
 
 def test_the_grids_meet_the_protocol_and_the_three_prompt_sets_are_disjoint():
-    import shared
-
     assert set(F.TUNING) == {"dpo", "ppo", "grpo"}
     assert {len(g) for g in F.TUNING.values()} == {F.protocol.MIN_RUNS}  # the same budget for every method
     for method, settings in F.TUNING.items():  # each flag string parses as its script's arguments
@@ -306,8 +305,8 @@ def test_the_grids_meet_the_protocol_and_the_three_prompt_sets_are_disjoint():
             args, _ = F.script_args(F.METHODS[method][0], flags.format(rm="vader", prefs="p.jsonl"), 1,
                                     F.Common(), "/tmp/unused")
             assert args.learning_rate > 0
-    validation, test = set(F.VALIDATION_PROMPTS), set(shared.load_eval_prompts(None, 64))
-    assert len(validation) == len(F.VALIDATION_PROMPTS) == 64 and len(test) == 64
+    validation, test = set(shared.VALIDATION_PROMPTS), set(shared.load_eval_prompts(None, 64))
+    assert len(validation) == len(shared.VALIDATION_PROMPTS) == 64 and len(test) == 64
     assert not validation & test and not validation & set(F.rlhf.PROMPTS) and not test & set(F.rlhf.PROMPTS)
     assert F.protocol.TUNING_SEED not in F.protocol.TEST_SEEDS
 
@@ -333,7 +332,7 @@ def test_tuning_runs_stop_at_the_kl_and_the_tuned_run_takes_the_rule_s_choice(ti
 
     monkeypatch.setattr(F.Frontier, "point", point)
     F.tune(F.Tune(preferences=tiny_frontier["prefs"], methods=["ppo"], **common))
-    assert all(s == F.VALIDATION_PROMPTS[:3] for s in seen) and len(seen) == 6  # the initial point and five
+    assert all(s == shared.VALIDATION_PROMPTS[:3] for s in seen) and len(seen) == 6  # the initial point and five
     slow = json.loads((runs / "tuning" / "ppo" / f"lr_1e-3__{F.protocol.TUNING_SEED}.json").read_text())
     fast = json.loads((runs / "tuning" / "ppo" / f"lr_2e-3__{F.protocol.TUNING_SEED}.json").read_text())
     assert [p["step"] for p in slow["points"]] == [0, 2, 4, 6] and slow["stopped"] is False
@@ -472,11 +471,11 @@ def test_the_tuned_table_counts_tuning_the_reward_model_and_one_run_all_in(tmp_p
     assert "dpo minus ppo" not in one and "Differences" not in one
 
 
-def test_the_search_reads_the_tuning_records_and_the_fresh_prompts_are_unread(tmp_path):
+def test_the_search_reads_the_tuning_records_and_the_fresh_prompts_are_unread(tmp_path, monkeypatch):
     """search_results reads each record's gold and CPU minutes at KL 3 (linear between the points around it) by
     seed; the search asks for the runs its rule wants; `run --searched` refuses before the search is done, then
-    takes the rule's choice; the fresh test prompts are 64, distinct and in no other prompt list."""
-    import shared
+    takes the rule's choice, and the page's tables show it; the fresh test prompts are 64, distinct and in no
+    other prompt list."""
 
     def record(setting, seed, gold_at_3):  # KL 0, 2, 4: KL 3 halfway between the last two points
         points = [{"kl": 0.0, "gold": 0.1, "cpu_minutes": 0.0}, {"kl": 2.0, "gold": gold_at_3 - 0.1, "cpu_minutes": 1.0},
@@ -501,7 +500,25 @@ def test_the_search_reads_the_tuning_records_and_the_fresh_prompts_are_unread(tm
     first, second = F.search_results(str(tmp_path), "dpo")
     assert second == {"lr 1e-4 beta 0.1": pytest.approx(0.45), "lr 5e-5 beta 0.1": pytest.approx(0.3)}
     assert F.searched_settings(str(tmp_path), ["dpo"]) == {"dpo": "lr 1e-4 beta 0.1"}
+    # the page: the search's paragraph and table, then the choice on the fresh prompts: seeds 7-9 at gold 0.4,
+    # 0.5, 0.6 at KL 3 (t with 2 degrees of freedom: 4.303 * 0.1 / sqrt(3) = 0.248), 2.0 CPU minutes to KL 3;
+    # the search's 11 runs of 3.0 minutes; a run of the choice on the earlier test prompts does not count
+    tests = [{"method": "dpo", "setting": "lr 1e-4 beta 0.1", "seed": seed, "split": split, "cpu_minutes": 3.0,
+              "points": [{"kl": 0.0, "gold": 0.1, "gold_se": 0.02, "cpu_minutes": 0.0},
+                         {"kl": 2.0, "gold": gold - 0.1, "gold_se": 0.02, "cpu_minutes": 1.0},
+                         {"kl": 4.0, "gold": gold + 0.1, "gold_se": 0.02, "cpu_minutes": 3.0}]}
+             for seed, gold, split in [(7, 0.4, "fresh"), (8, 0.5, "fresh"), (9, 0.6, "fresh"), (4, 0.9, "test")]]
+    monkeypatch.setattr(F, "SEARCH", {"dpo": F.SEARCH["dpo"]})
+    monkeypatch.setattr(F, "TUNING", {"dpo": {"lr 5e-5 beta 0.3": ""}})
+    page = "\n".join(F.searched_lines(str(tmp_path), tests))
+    assert "**dpo**: 9 settings at seed 100 (8 of the first grid's 8, 1 beyond it), 2 at seed 101; 33.0 CPU " \
+           "minutes in all. Chosen: `lr 1e-4 beta 0.1`; on its axes: lr inside; beta inside." in page
+    assert "| lr 5e-5 beta 0.3 (earlier) | 0.300 | - | 2.0 |  |" in page
+    assert "| lr 1e-4 beta 0.0333 (beyond the grid) | 0.200 | - | 2.0 |  |" in page
+    assert "| dpo | lr 1e-4 beta 0.1 | 7, 8, 9 | 0.500 ± 0.248 | 0.020 | 2.0 | 11, 33.0 | 35.0 |" in page
+    monkeypatch.setattr(F, "TUNING", {"dpo": {name: "" for name in first}})
+    assert F.searched_lines(str(tmp_path), tests) == []  # nothing run beyond the earlier grids: no section
     fresh = set(shared.FRESH_TEST_PROMPTS)
-    others = (set(F.VALIDATION_PROMPTS) | set(shared.load_eval_prompts(None, 64)) | set(F.rlhf.PROMPTS)
+    others = (set(shared.VALIDATION_PROMPTS) | set(shared.load_eval_prompts(None, 64)) | set(F.rlhf.PROMPTS)
               | set(F.rlhf.EVAL_PROMPTS))
     assert len(fresh) == len(shared.FRESH_TEST_PROMPTS) == 64 and not fresh & others

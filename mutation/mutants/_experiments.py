@@ -33,6 +33,20 @@ MUTANTS_BY_SCRIPT = {
         ("a point's standard error over samples, not prompts",
          "float(means.std(ddof=1) / math.sqrt(len(means)))", "float(values.std(ddof=1) / math.sqrt(values.size))",
          "over_prompts"),
+        # the page's search section, written before its test by hand
+        ("the fresh prompts' table counts the choice's runs on the earlier test prompts",
+         'and r.get("split", "test")\n                 == split and r["seed"]', 'and r["seed"]', "search"),
+        ("the search's all-in cost without its tuning runs",
+         "all_in[m] = tuning_minutes + (rm_minutes", "all_in[m] = 0.0 + (rm_minutes", "search or tuned"),
+    ],
+    # the runner of the subprocess harnesses, written before its test by hand
+    "experiments/runner": [
+        ("runner: a run that exits with an error is recorded", "if exit_code != 0 or not run_dirs:",
+         "if not run_dirs:", "runner"),
+        ("runner: recorded runs run again", "queue = [(m, s) for m, s in items if (m, s) not in done]",
+         "queue = list(items)", "runner"),
+        ("runner: the common flags' values win over the setting's", "for words in (common, flags):",
+         "for words in (flags, common):", "runner or search"),
     ],
     # issue 41: values checked where they can be wrong, written before their tests
     "experiments/clip_objective": [
@@ -98,6 +112,10 @@ MUTANTS_BY_SCRIPT = {
          "value = step_beyond(spec, c[axis], direction)", "test"),
         ("protocol: the axis's range not checked",
          "    if not axis.low <= x <= axis.high:\n        return None\n", "", "test"),
+        ("protocol: the page marks the grid's first setting as the choice",
+         "f\"{'chosen' * (name == chosen)} |\")", "f\"{'chosen' * (name == grid[0])} |\")", "test"),
+        ("protocol: the page counts the grid's settings as beyond it",
+         "beyond_grid = [name for name in first if name not in grid]", "beyond_grid = list(first)", "test"),
         ("protocol: the second seed's verdict from the second seed alone",
          "rows = {name: (first[name][0], second[name], (first[name][0] + second[name]) / 2) for name in pair}",
          "rows = {name: (first[name][0], second[name], second[name]) for name in pair}", "test"),
