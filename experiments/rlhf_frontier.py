@@ -421,11 +421,14 @@ def best_of_n_record(frontier: Frontier, reward_model: str, largest: int) -> dic
 
 
 def run_reward_model(args: RewardModel) -> dict:
-    """reward_model_gpt2.py on the preference file, once; its record (folder, held-out accuracy, CPU time)."""
+    """reward_model_gpt2.py on the preference file, once (again where the record's model folder is missing); its
+    record (folder, held-out accuracy, CPU time)."""
     path = os.path.join(ROOT, args.runs, "reward_model.json")
-    if os.path.exists(path):
+    if os.path.exists(path) and os.path.isdir(read_json(path)["model_path"]):
         print(f"{path} exists: skipped")
         return read_json(path)
+    if os.path.exists(path):  # a record from another machine: its model (not committed) is trained again here
+        print(f"{path}: its model {read_json(path)['model_path']} is not on this machine: training it again")
     check_file(args.preferences)
     flags = f"--preferences {args.preferences} {args.rm_flags}"
     rm_args, command = script_args(rm, flags, 1, args, os.path.join(ROOT, args.runs, "reward_model"))

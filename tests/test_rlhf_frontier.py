@@ -8,6 +8,7 @@ import importlib.util
 import json
 import math
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -184,6 +185,14 @@ def test_the_reward_model_s_cpu_minutes_leave_its_held_out_passes_out(tiny, tmp_
     assert (record["cpu_minutes"] + record["eval_cpu_minutes"]) * 60 == pytest.approx(total, abs=0.2)
     assert record["held_out_accuracy"] == calls[-1]["accuracy"] and F.rm.evaluate_comparisons is slow_evaluate
     assert json.loads((tmp_path / "runs" / "reward_model.json").read_text()) == record
+    # again: skipped while its model is there; trained again (same seed, same accuracy) where it is not
+    rm_args = F.RewardModel(preferences=prefs, rm_flags="--eval-fraction 0.25 --save-model --batch-size 4",
+                            runs=str(tmp_path / "runs"), model_name=tiny["policy"])
+    assert F.run_reward_model(rm_args) == record and len(calls) == 5
+    shutil.rmtree(record["model_path"])
+    again = F.run_reward_model(rm_args)
+    assert os.path.isdir(again["model_path"]) and again["model_path"] != record["model_path"]
+    assert again["held_out_accuracy"] == record["held_out_accuracy"] and len(calls) > 5
 
 
 def test_every_method_is_measured_by_the_one_evaluation(tiny_frontier, monkeypatch):
