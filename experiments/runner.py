@@ -80,7 +80,8 @@ def run_all(methods: list[str], seeds: list[int], runs: Path, jobs: int, common:
 
 def run_items(items: list[tuple[str, int]], runs: Path, jobs: int, common: str, flags: dict) -> None:
     """Runs each (method, seed) of items not yet in <runs>/records.jsonl, in order, `jobs` at a time; one record
-    per finished run."""
+    per finished run. A file <runs>/STOP starts no more runs: the running ones finish and are recorded, then the
+    harness exits (status 0) saying how many runs are left."""
     records_file = runs / "records.jsonl"
     done = {(r["method"], r["seed"]) for r in recorded(records_file)}
     queue = [(m, s) for m, s in items if (m, s) not in done]
@@ -89,7 +90,10 @@ def run_items(items: list[tuple[str, int]], runs: Path, jobs: int, common: str, 
     running = {}
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
     while queue or running:
-        while queue and len(running) < jobs:
+        if (runs / "STOP").exists() and not running:
+            print(f"stopped by {runs / 'STOP'}: {len(queue)} runs left (remove it to go on)", flush=True)
+            raise SystemExit(0)
+        while queue and len(running) < jobs and not (runs / "STOP").exists():
             method, seed = queue.pop(0)
             command = command_of(method, seed, os.path.relpath(runs, ROOT), common, flags)
             command[0] = sys.executable

@@ -1013,7 +1013,7 @@ def test_ppo_vs_grpo_search_counts_earlier_runs_by_their_flags_and_report_and_ru
 
 
 
-def test_runner_runs_each_missing_run_once_records_it_and_skips_failures(tmp_path, monkeypatch):
+def test_runner_runs_each_missing_run_once_records_it_and_skips_failures(tmp_path, monkeypatch, capsys):
     """experiments/runner.py on a stand-in script (no model): 3 runs two at a time, each with the common flags and
     its setting's (the setting's value wins), one record a finished run with its own folder and CPU seconds; a
     run that fails leaves no record, though its folder exists; a second call runs only what is not recorded, and
@@ -1045,6 +1045,11 @@ def test_runner_runs_each_missing_run_once_records_it_and_skips_failures(tmp_pat
     runner.run_items([("m a", 1), ("m/b", 1), ("m/b", 2)], runs, 1, "--x 1 --fail 0", flags)
     assert (tmp_path / "ran").read_text() == "x"  # the failed run only, again
     assert len(runner.recorded(runs / "records.jsonl")) == 2  # the failed try's folder is not this run's
+    (runs / "STOP").touch()  # no run starts; the harness says how many are left and exits with status 0
+    with pytest.raises(SystemExit) as stopped:
+        runner.run_items([("m a", 1), ("m/b", 2)], runs, 1, "--x 1 --fail 0", flags)
+    assert (tmp_path / "ran").read_text() == "x" and stopped.value.code == 0
+    assert capsys.readouterr().out.endswith("STOP: 1 runs left (remove it to go on)\n")
 
 def test_ppo_vs_grpo_problems_read_are_the_first_evaluated_held_out_prompts_of_two_digit_runs():
     pvg = load("ppo_vs_grpo")
