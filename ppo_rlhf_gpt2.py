@@ -78,7 +78,7 @@ import torch.nn as nn
 import tyro
 from torch.utils.tensorboard import SummaryWriter
 from transformers import (AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification,
-                          AutoTokenizer)
+                          AutoTokenizer, Conv1D)
 
 
 @dataclass
@@ -207,15 +207,14 @@ class ValueModel(nn.Module):
         return self.head(self.backbone(**inputs).last_hidden_state.float()).squeeze(-1)
 
 
-def model_inputs(query_responses: torch.Tensor, pad_token_id: int) -> dict:
-    """The inputs of every forward pass over (left-padded query, response) token ids, except generation's."""
-    attention_mask = query_responses != pad_token_id
+def model_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict:
+    """The inputs of every forward pass except generation's, any padding side (the mask: 1 on real tokens)."""
+    attention_mask = attention_mask.bool()
     # detail 25: position ids from the attention mask: the first real token is at 0 whatever the padding
     position_ids = attention_mask.cumsum(1) - attention_mask.long()
     # detail 23: the pad id may be outside the vocabulary; padded positions are masked out, any id will do
-    input_ids = query_responses.masked_fill(~attention_mask, 0)
-    return dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                use_cache=False)  # one pass over the whole sequence needs no KV cache (less memory)
+    return dict(input_ids=input_ids.masked_fill(~attention_mask, 0), attention_mask=attention_mask,
+                position_ids=position_ids, use_cache=False)  # one whole pass: no KV cache (less memory)
 
 
 def scale_logits(logits: torch.Tensor, temperature: float, pad_token_id: int) -> torch.Tensor:
@@ -233,14 +232,15 @@ def response_logits(model, query_responses: torch.Tensor, context_length: int, t
     vocab). The logits at position i predict token i + 1, so the response tokens are predicted at positions
     context_length - 1 ... L - 2; only those go through the (vocabulary-sized) output layer."""
     positions = torch.arange(context_length - 1, query_responses.shape[1] - 1, device=query_responses.device)
-    output = model(**model_inputs(query_responses, pad_token_id), logits_to_keep=positions)
+    output = model(**model_inputs(query_responses, query_responses != pad_token_id), logits_to_keep=positions)
     return scale_logits(output.logits, temperature, pad_token_id)
 
 
 def response_values(value_model, query_responses: torch.Tensor, context_length: int,
                     pad_token_id: int) -> torch.Tensor:
     """detail 34: V(s_t) for each response token t, read where the logits that sampled token t are read."""
-    return value_model(**model_inputs(query_responses, pad_token_id))[:, context_length - 1 : -1].float()
+    inputs = model_inputs(query_responses, query_responses != pad_token_id)
+    return value_model(**inputs)[:, context_length - 1 : -1].float()
 
 
 def gather_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -250,12 +250,15 @@ def gather_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
 def autocast_bf16(bf16: bool, device: torch.device, *models, seed: int = 0, jitter: bool = True) -> None:
     """detail 53: with --bf16, each model's forward in bfloat16 autocast, weights fp32; a weight's bf16 copy
     lives for one pass (generate: its loop). After deep copies: a copy runs the original's forward. Each
-    weight first moves to a random fp32 value that rounds to the same bf16 one (by --seed: alike in every
-    copy; not if jitter is False), so that a step under that cell moves its bf16 value w.p. step / cell."""
+    weight of a matrix product (nn.Linear, Conv1D) first moves to a random fp32 value that rounds to the same
+    bf16 one (by --seed: alike in every copy; not if jitter is False), so that a step under that cell moves
+    its bf16 value w.p. step / cell. A weight tied to an embedding stays: the lookup reads it in fp32."""
     for model in [m for m in models if bf16 and m is not None]:
         model.forward = torch.autocast(device.type, dtype=torch.bfloat16)(model.forward)
         generator = torch.Generator().manual_seed(seed)
-        for w in model.parameters() if jitter else []:  # the fp32 bit patterns rounding to bf16(w): +-0x7fff
+        fp32 = {id(p) for m in model.modules() if not isinstance(m, (nn.Linear, Conv1D))  # norms, embeddings
+                for p in m.parameters(recurse=False)}  # and a tied output layer's weight: read as they are
+        for w in [w for w in model.parameters() if jitter and id(w) not in fp32]:  # +-0x7fff: bf16(w)'s cell
             noise = torch.randint(-0x7FFF, 0x8000, w.shape, dtype=torch.int32, generator=generator)
             bits = w.detach().bfloat16().float().abs().view(torch.int32) + noise.to(w.device)
             w.data.copy_(bits.clamp(min=0).view(torch.float32).copysign(w.detach()))
@@ -266,10 +269,9 @@ def generate(policy, queries: torch.Tensor, response_length: int, temperature: f
              greedy: bool = False, bf16: bool = False):
     """Sample response_length tokens after each left-padded query with the KV cache (greedy: the likeliest
     token, for evaluation). Returns the responses and their log-probs, both (batch, response_length)."""
-    inputs = model_inputs(queries, pad_token_id)  # details 24, 25: left padding, positions from the mask
+    inputs = model_inputs(queries, queries != pad_token_id)  # details 24, 25: left padding, positions from it
     attention_mask, position_ids = inputs["attention_mask"], inputs["position_ids"]
-    input_ids, past_key_values = inputs["input_ids"], None
-    responses, logprobs = [], []
+    input_ids, past_key_values, responses, logprobs = inputs["input_ids"], None, [], []
     with torch.autocast(queries.device.type, dtype=torch.bfloat16, enabled=bf16):  # detail 53: cast once
         for _ in range(response_length):
             output = policy(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,

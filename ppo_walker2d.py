@@ -158,7 +158,11 @@ class RunningMeanStd:
         self.count = 1e-4
 
     def update(self, x: np.ndarray) -> None:
-        batch_mean, batch_var, batch_count = x.mean(axis=0), x.var(axis=0), x.shape[0]
+        batch_count = x.shape[0]
+        batch_mean = x.sum(axis=0) / batch_count
+        # x.mean(axis=0) and x.var(axis=0) to the bit, the mean computed once (np.var computes it again): this
+        # runs twice a rollout step, for the observations and the discounted returns
+        batch_var = ((x - batch_mean) ** 2).sum(axis=0) / batch_count
         delta = batch_mean - self.mean
         total = self.count + batch_count
         self.mean = self.mean + delta * batch_count / total

@@ -65,7 +65,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 import tyro
 from torch.utils.tensorboard import SummaryWriter
-from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer,
+                          Conv1D)
 
 
 @dataclass
@@ -124,25 +125,27 @@ class Args:
 
 
 def model_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict:
-    """The inputs of every forward pass except generation's, for any padding side."""
+    """The inputs of every forward pass except generation's, any padding side (the mask: 1 on real tokens)."""
     attention_mask = attention_mask.bool()
     # detail 25: position ids from the attention mask: the first real token is at 0 whatever the padding
-    position_ids = (attention_mask.cumsum(1) - attention_mask.long()).clamp(min=0)
+    position_ids = attention_mask.cumsum(1) - attention_mask.long()
     # detail 23: the pad id may be outside the vocabulary; padded positions are masked out, any id will do
-    input_ids = input_ids.masked_fill(~attention_mask, 0)
-    return dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                use_cache=False)
+    return dict(input_ids=input_ids.masked_fill(~attention_mask, 0), attention_mask=attention_mask,
+                position_ids=position_ids, use_cache=False)  # one whole pass: no KV cache (less memory)
 
 
 def autocast_bf16(bf16: bool, device: torch.device, *models, seed: int = 0, jitter: bool = True) -> None:
     """detail 53: with --bf16, each model's forward in bfloat16 autocast, weights fp32; a weight's bf16 copy
     lives for one pass (generate: its loop). After deep copies: a copy runs the original's forward. Each
-    weight first moves to a random fp32 value that rounds to the same bf16 one (by --seed: alike in every
-    copy; not if jitter is False), so that a step under that cell moves its bf16 value w.p. step / cell."""
+    weight of a matrix product (nn.Linear, Conv1D) first moves to a random fp32 value that rounds to the same
+    bf16 one (by --seed: alike in every copy; not if jitter is False), so that a step under that cell moves
+    its bf16 value w.p. step / cell. A weight tied to an embedding stays: the lookup reads it in fp32."""
     for model in [m for m in models if bf16 and m is not None]:
         model.forward = torch.autocast(device.type, dtype=torch.bfloat16)(model.forward)
         generator = torch.Generator().manual_seed(seed)
-        for w in model.parameters() if jitter else []:  # the fp32 bit patterns rounding to bf16(w): +-0x7fff
+        fp32 = {id(p) for m in model.modules() if not isinstance(m, (nn.Linear, Conv1D))  # norms, embeddings
+                for p in m.parameters(recurse=False)}  # and a tied output layer's weight: read as they are
+        for w in [w for w in model.parameters() if jitter and id(w) not in fp32]:  # +-0x7fff: bf16(w)'s cell
             noise = torch.randint(-0x7FFF, 0x8000, w.shape, dtype=torch.int32, generator=generator)
             bits = w.detach().bfloat16().float().abs().view(torch.int32) + noise.to(w.device)
             w.data.copy_(bits.clamp(min=0).view(torch.float32).copysign(w.detach()))
@@ -161,8 +164,7 @@ def sample_comparisons(policy, prompts: list[str], tokenizer, stop_token_id: int
         batch = [prompts[rng.randrange(len(prompts))] for _ in range(args.forward_batch_size)]
         queries, responses, _, _ = sample_responses(policy, batch + batch, tokenizer, stop_token_id, args,
                                                     device)  # response a of each prompt, then response b
-        # The text is the one ppo_rlhf_gpt2.py's reward function reads; the prompt is its decoded query,
-        # so that prompt + response is that text exactly.
+        # the prompt is the decoded query: prompt + response is the text ppo_rlhf_gpt2.py's reward reads
         texts = tokenizer.batch_decode(torch.cat([queries, responses], dim=1), skip_special_tokens=True)
         prompt_texts = tokenizer.batch_decode(queries, skip_special_tokens=True)
         response_texts = [t[len(p):] if t.startswith(p) else tokenizer.decode(r, skip_special_tokens=True)
@@ -278,10 +280,8 @@ def main(args: Args) -> dict:
     # 2. preferences: with --gold, sample and label them, and write the file before training on it
     preferences = args.preferences
     if args.gold:
-        gold_fn, policy = load_gold_fn(args, device), load_policy(args.model_name, device, args.bf16)
-        prompts = load_gold_prompts(args)
-        sampled = sample_comparisons(policy, prompts, tokenizer, stop_token_id, gold_fn, args, device)
-        del policy, gold_fn
+        sampled = sample_comparisons(load_policy(args.model_name, device), load_gold_prompts(args), tokenizer,
+                                     stop_token_id, load_gold_fn(args, device), args, device)  # freed after
         preferences = write_preferences(sampled, os.path.join(run_dir, "preferences.jsonl"))
         if args.preferences_only:
             return {"run_dir": run_dir, "preferences": preferences}
@@ -375,7 +375,7 @@ def main(args: Args) -> dict:
               **{f"eval_{k}": v for k, v in eval_stats.items() if k != "margins"}}
     try:
         if not interrupted:
-            print_held_out_summary(eval_stats, gold_accuracy, len(eval_set), len(eval_prompts))
+            print_held_out_summary(dict(eval_stats, gold_accuracy=gold_accuracy), args)
             result["held_out_scores"] = write_held_out_scores(eval_indices, eval_stats["margins"], run_dir)
         if args.save_model:
             gain, bias = 1.0, 0.0
@@ -451,12 +451,14 @@ def readout_features(reward_model, tokenizer, comparisons: list[dict], args: Arg
 
 
 def evaluate_comparisons(reward_model, tokenizer, comparisons: list[dict], args: Args, device) -> dict:
-    """Loss and accuracy on held-out comparisons, and each one's margin chosen_scores - rejected_scores."""
+    """Loss and accuracy on held-out comparisons, each one's margin chosen_scores - rejected_scores, and the
+    number of their distinct prompts."""
     scores = score_in_chunks(reward_model, tokenizer, comparisons, args, device)
     chosen_scores, rejected_scores = scores[: len(comparisons)], scores[len(comparisons) :]
     return {"reward_loss": preference_loss(chosen_scores, rejected_scores).item(),
             "accuracy": comparison_accuracy(chosen_scores, rejected_scores),
-            "margins": (chosen_scores - rejected_scores).tolist()}
+            "margins": (chosen_scores - rejected_scores).tolist(),
+            "prompts": len({c["prompt"] for c in comparisons})}
 
 
 def cross_validated_l2(chosen_features: torch.Tensor, rejected_features: torch.Tensor, prompts: list[str],
@@ -483,10 +485,12 @@ def cross_validated_l2(chosen_features: torch.Tensor, rejected_features: torch.T
     return max(l2s, key=accuracies.__getitem__), accuracies
 
 
-def print_held_out_summary(eval_stats: dict, gold_accuracy, num_comparisons: int, num_prompts: int) -> None:
-    gold = f", the gold labeler's {gold_accuracy:.3f}" if gold_accuracy is not None else ""
-    print(f"held-out accuracy {eval_stats['accuracy']:.3f} on {num_comparisons} comparisons of {num_prompts} "
-          f"prompts{gold}")
+def print_held_out_summary(eval_stats: dict, args: Args) -> None:
+    """The final held-out accuracy, and the gold labeler's (eval_stats holds it as gold_accuracy)."""
+    gold = eval_stats["gold_accuracy"]
+    gold = f", the gold labeler's {gold:.3f}" if gold is not None else ""
+    print(f"held-out accuracy {eval_stats['accuracy']:.3f} on {len(eval_stats['margins'])} comparisons of "
+          f"{eval_stats['prompts']} prompts{gold}")
 
 
 def check_args(args: Args) -> None:
@@ -664,9 +668,9 @@ def from_pretrained(auto_class, name: str, flag: str, **kwargs):
                          f"HF_HUB_OFFLINE=1 to skip the retries).")
 
 
-def load_tokenizer(model_name: str, stop_token: str):
+def load_tokenizer(model_name: str, stop_token: str, flag: str = "--model-name"):
     """The policy's tokenizer: left padding and truncation, a pad token distinct from EOS; and the stop id."""
-    tokenizer = from_pretrained(AutoTokenizer, model_name, "--model-name", padding_side="left",
+    tokenizer = from_pretrained(AutoTokenizer, model_name, flag, padding_side="left",
                                 truncation_side="left")  # detail 24
     if tokenizer.pad_token is None or tokenizer.pad_token_id == tokenizer.eos_token_id:
         tokenizer.add_special_tokens({"pad_token": "[PAD]"})  # detail 23
@@ -701,9 +705,8 @@ def check_max_length(model_name: str, tokenizer, texts: list[str], args: Args) -
               "their first tokens")
 
 
-def load_policy(model_name: str, device: torch.device, bf16: bool = False) -> nn.Module:
-    policy = from_pretrained(AutoModelForCausalLM, model_name, "--model-name", dtype=torch.float32)
-    autocast_bf16(bf16, device, policy, jitter=False)  # it only samples: nothing trains it
+def load_policy(model_name: str, device: torch.device, flag: str = "--model-name") -> nn.Module:
+    policy = from_pretrained(AutoModelForCausalLM, model_name, flag, dtype=torch.float32)
     return policy.to(device).eval()  # detail 28
 
 
@@ -782,34 +785,48 @@ def sample_responses(policy, prompts: list[str], tokenizer, stop_token_id: int, 
     mask and whether each response stopped."""
     queries = tokenizer(prompts, padding=True, truncation=True, max_length=args.max_query_length,
                         return_tensors="pt")["input_ids"].to(device)
-    responses = generate(policy, queries, args.response_length, args.temperature, tokenizer.pad_token_id,
-                         args.bf16)
+    responses, _ = generate(policy, queries, args.response_length, args.temperature, tokenizer.pad_token_id,
+                            bf16=args.bf16)
     responses, response_mask, contain_stop = truncate_after_stop_token(
         responses, stop_token_id, tokenizer.pad_token_id, args.min_response_length)
     return queries, responses, response_mask, contain_stop
 
 
+def scale_logits(logits: torch.Tensor, temperature: float, pad_token_id: int) -> torch.Tensor:
+    """detail 26: the policy is softmax(logits / temperature), in every forward pass."""
+    logits = logits.float() / temperature  # fp32 from here on, also under --bf16
+    if pad_token_id < logits.shape[-1]:
+        # detail 23: a pad id inside the vocabulary is never a valid action (it would be read as padding)
+        logits[..., pad_token_id] = torch.finfo(logits.dtype).min
+    return logits
+
+
+def gather_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    return logits.log_softmax(-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
 @torch.no_grad()  # not inference_mode, which turns autocast's weight cache off (53)
 def generate(policy, queries: torch.Tensor, response_length: int, temperature: float, pad_token_id: int,
-             bf16: bool = False):
-    """Sample response_length tokens after each left-padded query (detail 24), with the KV cache."""
-    inputs = model_inputs(queries, queries != pad_token_id)  # detail 25
+             greedy: bool = False, bf16: bool = False):
+    """Sample response_length tokens after each left-padded query with the KV cache (greedy: the likeliest
+    token, for evaluation). Returns the responses and their log-probs, both (batch, response_length)."""
+    inputs = model_inputs(queries, queries != pad_token_id)  # details 24, 25: left padding, positions from it
     attention_mask, position_ids = inputs["attention_mask"], inputs["position_ids"]
-    input_ids, past_key_values, responses = inputs["input_ids"], None, []
+    input_ids, past_key_values, responses, logprobs = inputs["input_ids"], None, [], []
     with torch.autocast(queries.device.type, dtype=torch.bfloat16, enabled=bf16):  # detail 53: cast once
         for _ in range(response_length):
             output = policy(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                             past_key_values=past_key_values, use_cache=True, logits_to_keep=1)
             past_key_values = output.past_key_values
-            logits = output.logits[:, -1].float() / temperature  # detail 26; fp32, also under --bf16
-            if pad_token_id < logits.shape[-1]:  # detail 23: a pad id inside the vocabulary is never sampled
-                logits[:, pad_token_id] = torch.finfo(logits.dtype).min
-            token = torch.multinomial(logits.softmax(-1), 1)  # detail 27: pure sampling
+            logits = scale_logits(output.logits[:, -1], temperature, pad_token_id)  # detail 26
+            # detail 27: pure sampling from the full distribution (no top-k, no top-p)
+            token = logits.argmax(-1, keepdim=True) if greedy else torch.multinomial(logits.softmax(-1), 1)
             responses.append(token)
-            input_ids = token
+            logprobs.append(gather_logprobs(logits, token.squeeze(-1)))
+            input_ids = token  # the next step feeds only the new token; the cache holds the rest
             attention_mask = torch.cat([attention_mask, torch.ones_like(token, dtype=torch.bool)], dim=1)
             position_ids = position_ids[:, -1:] + 1
-    return torch.cat(responses, dim=1)
+    return torch.cat(responses, dim=1), torch.stack(logprobs, dim=1)
 
 
 def truncate_after_stop_token(responses: torch.Tensor, stop_token_id: int, pad_token_id: int,

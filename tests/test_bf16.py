@@ -1,15 +1,16 @@
 """--bf16's starting weights (detail 53), the same function in the four language-model files: each fp32 weight
-moved to a random point of the fp32 values that round to its bfloat16 value, so that under autocast (fp32
-weights, bf16 copies for the matrix products) a step smaller than a bf16 rounding step still reaches the forward
-pass, in expectation as a whole step. The expectations are written by hand from the bf16 format (8 significant
-bits: between 1 and 2 the bf16 values are 2^-7 apart), not computed by the code under test."""
+of a matrix product moved to a random point of the fp32 values that round to its bfloat16 value, so that under
+autocast (fp32 weights, bf16 copies for the matrix products) a step smaller than a bf16 rounding step still
+reaches the forward pass, in expectation as a whole step; what autocast reads in fp32 (norms, embeddings, a
+weight tied to one) is left exactly as it was. The expectations are written by hand from the bf16 format (8
+significant bits: between 1 and 2 the bf16 values are 2^-7 apart), not computed by the code under test."""
 
 import copy
 from pathlib import Path
 
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 import dpo_gpt2
 import grpo_gpt2
@@ -72,6 +73,60 @@ def test_every_copy_of_a_model_moves_to_the_same_weights(module):
     assert not torch.equal(policy.weight, weights)
     assert torch.equal(policy.weight, reference.weight) and torch.equal(policy.weight, loaded_again.weight)
     assert torch.equal(untouched.weight, weights) and untouched.forward.__func__ is torch.nn.Linear.forward
+
+
+def tiny_models() -> dict:
+    """A GPT-2 (Conv1D products, LayerNorms, biases; its output layer tied to the token embedding) and two Llamas
+    (Linear products without biases, RMSNorms), one tied, one with an output layer of its own; every weight set
+    to a random fp32 value off the bf16 grid, so that a weight the jitter moved differs almost surely."""
+    torch.manual_seed(0)
+    models = {"gpt2": GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2,
+                                                  bos_token_id=0, eos_token_id=0))}
+    for tied in (True, False):
+        models[f"llama, tied: {tied}"] = LlamaForCausalLM(LlamaConfig(
+            vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+            num_key_value_heads=2, tie_word_embeddings=tied, bos_token_id=0, eos_token_id=0, pad_token_id=None))
+    with torch.no_grad():
+        for model in models.values():
+            for p in model.parameters():
+                p.copy_(torch.randn_like(p))
+    assert models["gpt2"].lm_head.weight is models["gpt2"].transformer.wte.weight
+    assert models["llama, tied: True"].lm_head.weight is models["llama, tied: True"].model.embed_tokens.weight
+    assert models["llama, tied: False"].lm_head.weight is not models["llama, tied: False"].model.embed_tokens.weight
+    return models
+
+
+def read_in_bf16(name: str, model_name: str) -> bool:
+    """Written from the architectures: the weights and biases of GPT-2's Conv1D products (attention and MLP)
+    and of the Llamas' Linear ones, and an output layer that is not tied to the embedding."""
+    if model_name == "gpt2":
+        return any(f".{product}." in name for product in ("c_attn", "c_proj", "c_fc"))
+    return name.endswith("_proj.weight") or (name == "lm_head.weight" and "False" in model_name)
+
+
+@pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
+def test_only_what_a_product_reads_in_bf16_moves(module):
+    """The weights autocast reads in bf16 move within their rounding cells: nearly every entry differs in fp32,
+    every one rounds to the bf16 value it had. Norm weights, their biases, the position and token embeddings and
+    the output layer tied to the token embedding (its lookup reads it in fp32) keep their bits. The seed
+    decides where each moves: the same seed, the same weights; another seed, other ones."""
+    for model_name, model in tiny_models().items():
+        before = {name: p.detach().clone() for name, p in model.named_parameters(remove_duplicate=False)}
+        again, other = copy.deepcopy(model), copy.deepcopy(model)
+        module.autocast_bf16(True, CPU, model, seed=1)
+        module.autocast_bf16(True, CPU, again, seed=1)
+        module.autocast_bf16(True, CPU, other, seed=2)
+        moved = dict(model.named_parameters(remove_duplicate=False))
+        assert sum(read_in_bf16(name, model_name) for name in moved) >= 8, model_name
+        for name, p in moved.items():
+            if read_in_bf16(name, model_name):
+                assert (p != before[name]).float().mean() > 0.9, (model_name, name)
+                assert torch.equal(p.bfloat16(), before[name].bfloat16()), (model_name, name)
+                assert (p != other.get_parameter(name)).float().mean() > 0.9, (model_name, name)
+            else:
+                assert torch.equal(p, before[name]), (model_name, name)  # bit for bit
+                assert torch.equal(other.get_parameter(name), before[name]), (model_name, name)
+            assert torch.equal(p, again.get_parameter(name)), (model_name, name)
 
 
 @pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)

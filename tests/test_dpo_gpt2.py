@@ -366,11 +366,11 @@ def test_kl_and_gold_of_the_held_out_samples_by_hand(tiny, monkeypatch):
     args = dpo.Args(response_length=6, min_response_length=0, eval_episodes=5, forward_batch_size=4)
     caught, real_generate = [], dpo.generate
 
-    def generate(model, queries, *a):
-        responses = real_generate(model, queries, *a)
+    def generate(model, queries, *a, **kw):
+        responses, logprobs = real_generate(model, queries, *a, **kw)
         responses[0, 1] = stop_id  # one response that stops early
         caught.append((queries, responses))
-        return responses
+        return responses, logprobs
 
     monkeypatch.setattr(dpo, "generate", generate)
     prompts = ["This movie was", "The acting in this one is"]

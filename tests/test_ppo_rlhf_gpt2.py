@@ -386,7 +386,7 @@ def test_sampling_logprobs_equal_training_forward_logprobs(tiny):
     policy.train()
     assert (training_logprobs(policy) - logprobs).masked_fill(~response_mask, 0).abs().max() > 1e-2
     policy.eval()
-    inputs = rlhf.model_inputs(query_responses, pad_token_id)
+    inputs = rlhf.model_inputs(query_responses, query_responses != pad_token_id)
     del inputs["position_ids"]
     logits = policy(**inputs).logits[:, context_length - 1 : -1] / 0.7
     default_positions = rlhf.gather_logprobs(logits, real_responses)
@@ -1253,7 +1253,13 @@ def test_torchrun_bad_flag_fails_in_every_process_with_one_message(torchrun_case
 
 def test_model_inputs_scale_logits_gather_logprobs_and_masked_mean_by_hand():
     pad = 9
-    inputs = rlhf.model_inputs(torch.tensor([[9, 9, 5, 6], [1, 2, 3, 4], [9, 7, 9, 8]]), pad)
+    ids = torch.tensor([[9, 9, 5, 6], [1, 2, 3, 4], [9, 7, 9, 8]])
+    inputs = rlhf.model_inputs(ids, ids != pad)
+    # a tokenizer's 0/1 mask reads the same; any padding side (here the first row padded on the right)
+    as_ints = rlhf.model_inputs(ids, (ids != pad).long())
+    assert all(torch.equal(inputs[k], as_ints[k]) for k in ("input_ids", "attention_mask", "position_ids"))
+    right = rlhf.model_inputs(torch.tensor([[5, 6, 9, 9]]), torch.tensor([[1, 1, 0, 0]]))
+    assert right["position_ids"].tolist() == [[0, 1, 2, 2]] and right["input_ids"].tolist() == [[5, 6, 0, 0]]
     assert inputs["attention_mask"].tolist() == [[False, False, True, True], [True] * 4,
                                                  [False, True, False, True]]
     # the first real token is at position 0, each real token one further (padding between them is skipped)

@@ -82,7 +82,7 @@ CITING_BELOW_THE_MARKER = {
     "ppo_walker2d": {"evaluate", "save_agent"},
     "reward_model_gpt2": {"end_token_of", "split_comparisons", "readout_features", "cross_validated_l2",
                           "check_split", "load_tokenizer", "load_policy", "load_reward_model",
-                          "save_reward_model", "generate", "truncate_after_stop_token"},
+                          "save_reward_model", "scale_logits", "generate", "truncate_after_stop_token"},
     "dpo_gpt2": {"split_comparisons", "generate", "truncate_after_stop_token", "evaluate_samples",
                  "load_tokenizer", "load_policy"},
     "ppo_rlhf_gpt2": {"load_tokenizer", "load_policy", "load_value_model", "load_reward_fn"},

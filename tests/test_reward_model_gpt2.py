@@ -416,7 +416,7 @@ def test_generation_is_left_padded_with_positions_from_the_mask(tiny):
     queries = tokenizer(prompts, padding=True, return_tensors="pt")["input_ids"]
     assert (queries[0] == tokenizer.pad_token_id).any()  # really left-padded, with a pad id out of vocab
     torch.manual_seed(0)
-    responses = rm.generate(policy, queries, 6, 1e-4, tokenizer.pad_token_id)
+    responses, _ = rm.generate(policy, queries, 6, 1e-4, tokenizer.pad_token_id)
     for row, prompt in enumerate(prompts):
         ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
         expected = policy.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)[0, ids.shape[1]:]
@@ -457,8 +457,9 @@ def test_sample_comparisons_pairs_two_responses_to_one_prompt_labeled_by_gold(ti
     real_generate = rm.generate
 
     def generate(*a, **kw):
-        sampled.append(real_generate(*a, **kw))
-        return sampled[-1]
+        responses, logprobs = real_generate(*a, **kw)
+        sampled.append(responses)
+        return responses, logprobs
 
     monkeypatch.setattr(rm, "generate", generate)
 
@@ -512,9 +513,9 @@ def test_sample_comparisons_edge_cases_placed_by_construction(tiny, monkeypatch)
     rows = torch.tensor([r + [pad] * (width - len(r)) for r in rows])  # responses a of the 4 pairs, then b
     queries_seen = []
 
-    def generate(policy, queries, response_length, temperature, pad_token_id, bf16=False):
+    def generate(policy, queries, response_length, temperature, pad_token_id, greedy=False, bf16=False):
         queries_seen.append(queries.tolist())
-        return rows.clone()
+        return rows.clone(), torch.zeros(rows.shape)
 
     monkeypatch.setattr(rm, "generate", generate)
     args = rm.Args(model_name=tiny["stops"], num_comparisons=4, forward_batch_size=4, response_length=width,
@@ -550,7 +551,8 @@ def test_responses_keep_their_leading_space_with_a_sentencepiece_style_tokenizer
     hf_tokenizer.save_pretrained(tmp_path)
     tokenizer, stop_token_id = rm.load_tokenizer(str(tmp_path), ".")
     assert stop_token_id == 7 and tokenizer.decode([5, 6, 7]) == "good fun."  # alone: no leading space
-    monkeypatch.setattr(rm, "generate", lambda *a, **kw: torch.tensor([[5, 6, 7], [8, 6, 7]]))
+    fixed = torch.tensor([[5, 6, 7], [8, 6, 7]])
+    monkeypatch.setattr(rm, "generate", lambda *a, **kw: (fixed, torch.zeros(fixed.shape)))
     texts_seen = []
 
     def gold_fn(texts, responses):
@@ -595,10 +597,10 @@ def test_texts_are_those_ppo_rlhf_gpt2_scores(tiny, tmp_path, monkeypatch):
     seen = []
     real_generate = rm.generate
 
-    def generate(policy, queries, *a):
-        responses = real_generate(policy, queries, *a)
+    def generate(policy, queries, *a, **kw):
+        responses, logprobs = real_generate(policy, queries, *a, **kw)
         seen.append((queries, responses))
-        return responses
+        return responses, logprobs
 
     monkeypatch.setattr(rm, "generate", generate)
     result = rm.main(tiny_args(tiny, tmp_path, num_comparisons=8, forward_batch_size=64, batch_size=4,
@@ -616,13 +618,13 @@ def test_identical_responses_are_dropped(tiny, tmp_path, monkeypatch):
     until --num-comparisons pairs of different responses are in the file."""
     real_generate, calls = rm.generate, 0
 
-    def generate(policy, queries, *a):
+    def generate(policy, queries, *a, **kw):
         nonlocal calls
         calls += 1
-        responses = real_generate(policy, queries, *a).clone()
-        n = len(responses) // 2
+        responses, logprobs = real_generate(policy, queries, *a, **kw)
+        responses, n = responses.clone(), len(responses) // 2
         responses[n::2] = responses[:n:2]  # response b = response a for prompts 0, 2, 4, ...
-        return responses
+        return responses, logprobs
 
     monkeypatch.setattr(rm, "generate", generate)
     result = rm.main(tiny_args(tiny, tmp_path, num_comparisons=12, forward_batch_size=8, batch_size=4))

@@ -45,7 +45,7 @@ MUTANTS = [
      "return torch.where(mask, token_logps, 0.0).sum(1), mask.sum(1)",
      "return token_logps.sum(1), mask.sum(1)"),
     ("position ids ignore the padding",
-     "position_ids = (attention_mask.cumsum(1) - attention_mask.long()).clamp(min=0)",
+     "position_ids = attention_mask.cumsum(1) - attention_mask.long()",
      "position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)"),
     ("logits not divided by the temperature",
      "    logits = logits.float() / temperature",
@@ -105,7 +105,7 @@ MUTANTS = [
      'eval_prompts = list(dict.fromkeys(c["prompt"] for c in eval_set))',
      'eval_prompts = list(dict.fromkeys(c["prompt"] for c in train_set))'),
     ("the held-out KL of the policy against itself",
-     "reference = policy if step == 0 else load_policy(args.model_name, device, args.bf16, args.seed)",
+     "reference = policy if step == 0 else load_policy(args.model_name, device)",
      "reference = policy"),
     # the order inside an update: written before tests/test_update_order.py, survived every test of this file
     ("the gradient clipped after the optimizer's step",
