@@ -263,8 +263,8 @@ class Frontier:
                 batch = prompts[i : i + batch_size]
                 queries = tokenizer(batch, padding=True, truncation=True, max_length=args.max_query_length,
                                     return_tensors="pt")["input_ids"]
-                responses = dpo.generate(policy, queries, args.response_length, args.temperature,
-                                         tokenizer.pad_token_id)
+                responses, _ = dpo.generate(policy, queries, args.response_length, args.temperature,
+                                            tokenizer.pad_token_id)
                 responses, response_mask, contain_stop = dpo.truncate_after_stop_token(
                     responses, self.stop_token_id, tokenizer.pad_token_id, args.min_response_length)
                 query_responses = torch.cat([queries, responses], dim=1)
