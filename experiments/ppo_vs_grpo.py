@@ -208,11 +208,13 @@ def search_lines(records: list[dict]) -> list[str]:
     return lines
 
 
-def searched_methods(records: list[dict]) -> dict[str, str]:
-    """{searched_<method>: the flags the search chose}, the same choice the report marks (protocol.choose over the
-    first tuning seed); a clear error while a method's search has runs left."""
+def searched_methods(records: list[dict], methods=None) -> dict[str, str]:
+    """{searched_<method>: the flags the search chose} for methods (all of SEARCH's if None), the same choice the
+    report marks (protocol.choose over the first tuning seed); a clear error while a method's search has runs left."""
     chosen = {}
     for method, (axes, _) in SEARCH.items():
+        if methods is not None and method not in methods:
+            continue
         first, second = search_results(records, method, read_scalars)
         left = protocol.next_runs(axes, first, second)
         if left:
@@ -224,8 +226,10 @@ def searched_methods(records: list[dict]) -> dict[str, str]:
 
 def run_searched(args, runs: Path) -> None:
     """`run --searched`: the search's choices at --seeds on the test split, every 128 completions evaluated
-    (whatever a setting's batch); with --equal-cpu, GRPO's and RLOO's for PPO's mean training CPU seconds."""
-    chosen = searched_methods(recorded((ROOT / args.search).resolve() / "records.jsonl"))
+    (whatever a setting's batch); with --equal-cpu, GRPO's and RLOO's for PPO's mean training CPU seconds. With
+    --methods, only those methods' (each once its own search is done)."""
+    chosen = searched_methods(recorded((ROOT / args.search).resolve() / "records.jsonl"),
+                              [m for m in args.methods if m in SEARCH])
     runs.mkdir(parents=True, exist_ok=True)
 
     def common(flags: str, base: str = TEST_COMMON) -> str:
@@ -235,11 +239,11 @@ def run_searched(args, runs: Path) -> None:
         for method, flags in chosen.items():
             run_all([method], args.seeds, runs, args.jobs, common(flags), chosen)
         return
-    done = summarize([r for r in recorded(runs / "records.jsonl") if r["method"] in chosen], read_scalars)
+    done = summarize([r for r in recorded(runs / "records.jsonl") if r["method"] in SEARCHED], read_scalars)
     if "searched_ppo" not in done:
         raise SystemExit("error: --equal-cpu: no run of searched_ppo in --runs; run `run --searched` first")
     budget = equal_cpu_completions(done, key="train_cpu_s", ppo_key="searched_ppo", others=SEARCHED[1:])
-    for method, completions in budget.items():
+    for method, completions in [(m, c) for m, c in budget.items() if m[: -len("_equal_cpu")] in chosen]:
         flags = chosen[method[: -len("_equal_cpu")]]
         run_all([method], args.seeds, runs, args.jobs, equal_cpu_common(TEST_COMMON, completions), {method: flags})
 
@@ -618,7 +622,7 @@ def main() -> None:
         if not args.equal_cpu:
             run_all(list(chosen), args.seeds, runs, args.jobs, args.common, chosen)
             return
-        done = summarize([r for r in recorded(runs / "records.jsonl") if r["method"] in chosen], read_scalars)
+        done = summarize([r for r in recorded(runs / "records.jsonl") if r["method"] in SEARCHED], read_scalars)
         if "tuned_ppo" not in done:
             raise SystemExit("error: --equal-cpu: no run of tuned_ppo in --runs; run `run --tuned` first")
         for method, completions in equal_cpu_completions(done).items():

@@ -4,6 +4,7 @@ the numbers behind the figures and tables of the clip objective, the epsilon abl
 study, worked out by hand on small inputs. Also benchmarks/preference_baselines.py, a tool outside the
 scripts."""
 
+import argparse
 import importlib.util
 import itertools
 import json
@@ -1008,8 +1009,20 @@ def test_ppo_vs_grpo_search_counts_earlier_runs_by_their_flags_and_report_and_ru
     assert "| lr 1e-5 G 4 (earlier) | 20.0% | - | 0.5 |  |" in page
     assert "Chosen: `lr 2e-5 G 8`; on its axes: lr inside; G highest (none allowed)." in page
     assert "would choose the same setting" in page
+    unfinished = [r for r in records if r["method"] != "rloo lr 2e-5 G 4" or r["seed"] != 101]
     with pytest.raises(SystemExit, match="search has 1 runs left"):
-        pvg.searched_methods([r for r in records if r["method"] != "rloo lr 2e-5 G 4" or r["seed"] != 101])
+        pvg.searched_methods(unfinished)
+    # `run --searched --methods`: a method whose search is done runs its test seeds while another's goes on
+    monkeypatch.setitem(pvg.SEARCH, "ppo", ({"lr": pvg.protocol.Axis(("1e-5", "2e-5", "4e-5", "8e-5"))},
+                                            lambda lr: f"ppo_rlhf_gpt2.py --learning-rate {lr}"))
+    started = []
+    monkeypatch.setattr(pvg, "run_all", lambda methods, seeds, *rest: started.append((methods, seeds)))
+    asked = argparse.Namespace(search=str(runs), methods=["rloo"], seeds=[13, 14], jobs=1, equal_cpu=False)
+    pvg.run_searched(asked, tmp_path / "test")
+    assert started == [(["searched_rloo"], [13, 14])]
+    with pytest.raises(SystemExit, match="ppo's search has 4 runs left"):
+        pvg.run_searched(argparse.Namespace(**{**vars(asked), "methods": ["ppo", "rloo"]}), tmp_path / "test")
+    assert len(started) == 1
 
 
 

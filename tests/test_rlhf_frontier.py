@@ -486,9 +486,9 @@ def test_the_search_reads_the_tuning_records_and_the_fresh_prompts_are_unread(tm
     takes the rule's choice, and the page's tables show it; the fresh test prompts are 64, distinct and in no
     other prompt list."""
 
-    def record(setting, seed, gold_at_3):  # KL 0, 2, 4: KL 3 halfway between the last two points
-        points = [{"kl": 0.0, "gold": 0.1, "cpu_minutes": 0.0}, {"kl": 2.0, "gold": gold_at_3 - 0.1, "cpu_minutes": 1.0},
-                  {"kl": 4.0, "gold": gold_at_3 + 0.1, "cpu_minutes": 3.0}]
+    def record(setting, seed, gold_at_3, cpu=1.0):  # KL 0, 2, 4: KL 3 halfway between the last two points
+        points = [{"kl": 0.0, "gold": 0.1, "cpu_minutes": 0.0}, {"kl": 2.0, "gold": gold_at_3 - 0.1, "cpu_minutes": cpu},
+                  {"kl": 4.0, "gold": gold_at_3 + 0.1, "cpu_minutes": 3.0 * cpu}]
         folder = tmp_path / "dpo"
         folder.mkdir(exist_ok=True)
         (folder / f"{setting.replace(' ', '_')}__{seed}.json").write_text(json.dumps(
@@ -527,6 +527,14 @@ def test_the_search_reads_the_tuning_records_and_the_fresh_prompts_are_unread(tm
     assert "| dpo | lr 1e-4 beta 0.1 | 7, 8, 9 | 0.500 ± 0.248 | 0.020 | 2.0 | 11, 33.0 | 35.0 |" in page
     monkeypatch.setattr(F, "TUNING", {"dpo": {name: "" for name in first}})
     assert F.searched_lines(str(tmp_path), tests) == []  # nothing run beyond the earlier grids: no section
+    # a setting within 0.01 of the best at half its CPU minutes to KL 3 (1.0 against 2.0) is the rule's choice,
+    # once its edge (beta 0.0333) and its second seed have run: `run --searched` takes it, not the highest gold
+    record("lr 2e-4 beta 0.1", 100, 0.495, cpu=0.5)
+    with pytest.raises(SystemExit, match="dpo's search has 1 runs left"):
+        F.searched_settings(str(tmp_path), ["dpo"])
+    record("lr 2e-4 beta 0.0333", 100, 0.2)
+    record("lr 2e-4 beta 0.1", 101, 0.4)
+    assert F.searched_settings(str(tmp_path), ["dpo"]) == {"dpo": "lr 2e-4 beta 0.1"}
     fresh = set(shared.FRESH_TEST_PROMPTS)
     others = (set(shared.VALIDATION_PROMPTS) | set(shared.load_eval_prompts(None, 64)) | set(F.rlhf.PROMPTS)
               | set(F.rlhf.EVAL_PROMPTS))

@@ -36,6 +36,13 @@ MUTANTS_BY_SCRIPT = {
         # the page's search section, written before its test by hand
         ("the fresh prompts' table counts the choice's runs on the earlier test prompts",
          'and r.get("split", "test")\n                 == split and r["seed"]', 'and r["seed"]', "search"),
+        # the search's choice and cost as `run --searched` reads them (each a breakage of the newest code)
+        ("the frontier's search: a tie broken by the run's CPU minutes, not those to KL 3",
+         'first[r["setting"]] = (gold_at_kl(r["points"], STOP_KL), cpu_at_kl(r, STOP_KL))',
+         'first[r["setting"]] = (gold_at_kl(r["points"], STOP_KL), r["cpu_minutes"])', "search"),
+        ("the frontier's `run --searched` takes the highest gold, not the rule's choice (ties to the cheaper)",
+         "        chosen[method] = protocol.first_choice(first)\n    return chosen",
+         "        chosen[method] = max(first, key=lambda s: first[s][0] or 0.0)\n    return chosen", "search"),
         ("the search's all-in cost without its tuning runs",
          "all_in[m] = tuning_minutes + (rm_minutes", "all_in[m] = 0.0 + (rm_minutes", "search or tuned"),
     ],
@@ -90,6 +97,14 @@ MUTANTS_BY_SCRIPT = {
          "elapsed = np.cumsum([0.0] + [seconds[step] for step in sorted(seconds)])",
          "elapsed = np.cumsum([0.0, 0.0] + [seconds[step] for step in sorted(seconds)])",
          "ppo_vs_grpo"),
+        ("the equal-CPU budget rounded up to whole batches, not down",
+         "int(ppo / per_completion // batch_size * batch_size)",
+         "int(-(-ppo / per_completion // batch_size) * batch_size)", "ppo_vs_grpo"),
+        ("`run --searched` takes the highest validation accuracy, not the rule's choice (ties to the cheaper)",
+         "search_flags(method, protocol.first_choice(first))",
+         "search_flags(method, max(first, key=lambda s: first[s][0] or 0.0))", "ppo_vs_grpo"),
+        ("`run --searched --methods` runs every method's choice, not the ones asked",
+         "[m for m in args.methods if m in SEARCH])", "None)", "ppo_vs_grpo"),
     ],
     # the intervals both harnesses report, moved to the protocol's module
     "experiments/protocol": [
