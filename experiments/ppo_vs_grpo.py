@@ -344,6 +344,16 @@ def run_curves(scalars: dict, batch_size: int) -> dict:
             "accuracy": [value for _, value in scalars["eval/accuracy"]]}
 
 
+def all_wrong_from(scalars: dict) -> int | None:
+    """The iteration from which every batch to the run's end was all wrong (objective/raw_scores at the verifier's
+    -1): every group's advantage is then 0, and at beta 0 no step moves the policy again. None unless that streak
+    holds for two or more iterations."""
+    scores, start = scalars.get("objective/raw_scores", []), None
+    for step, value in scores:
+        start = (step if start is None else start) if value <= -1 + 1e-6 else None
+    return start if start is not None and scores[-1][0] > start else None
+
+
 def summarize(records: list[dict], scalars_of) -> dict:
     """Per method: the runs' curves and end-of-run measures, seed by seed."""
     methods = {}
@@ -362,6 +372,7 @@ def summarize(records: list[dict], scalars_of) -> dict:
             "length_right": last_mean(scalars, "val/length_right", 2),
             "length_wrong": last_mean(scalars, "val/length_wrong", 2),
             "zero_advantage_groups": last_mean(scalars, "val/zero_advantage_groups", 10**6),
+            "all_wrong_from": all_wrong_from(scalars),
             "kl": last_mean(scalars, "objective/kl", 1),
         })
     return methods
@@ -518,8 +529,8 @@ def write_report(methods: dict, out: Path, tuning: list[dict] = (), search: list
                     f"{np.mean([r['train_s'] for r in seeds]) / 60:.1f} | {mean_cell(ends)} | "
                     f"{', '.join(f'{100 * a:.1f}' for a in ends)}% |" + (f" {difference} |" if difference else " |"))
 
-        lines += ["", f"## At {label(base)}'s training time (its 512 completions; the accuracy at each run's end, "
-                  f"minus {label(base)}'s at 512, 95% Welch interval; none where a method has fewer than 3 seeds)", "",
+        lines += ["", f"## At the training time of {label(base)} (its 512 completions; the accuracy at each run's "
+                  "end, minus its accuracy at 512, 95% Welch interval; none where a method has fewer than 3 seeds)", "",
                   "| method | completions | training minutes | accuracy at the end | each seed's, seeds "
                   f"{', '.join(str(r['seed']) for r in ppo)} | minus {label(base)} |", "|---|---|---|---|---|---|",
                   end_row(base, ppo, "")]
@@ -527,6 +538,13 @@ def write_report(methods: dict, out: Path, tuning: list[dict] = (), search: list
             d, h = difference_interval([r["accuracy"][-1] for r in seeds], [r["accuracy"][-1] for r in ppo])
             lines.append(end_row(method, seeds, f"{d:+.1%} ± {h:.1%}" if min(len(seeds), len(ppo)) >= 3
                                  else f"{d:+.1%}"))
+    lines += ["", "## Runs stuck at all wrong (every batch from some iteration to the run's end all wrong, so every "
+              "group's advantage 0: at beta 0 no step moves the policy again)", "",
+              "| method | seeds stuck | each: seed, from iteration |", "|---|---|---|"]
+    for method, seeds in every_method.items():
+        stuck = [(r["seed"], r["all_wrong_from"]) for r in seeds if r.get("all_wrong_from") is not None]
+        lines.append(f"| {label(method)} | {len(stuck)} of {len(seeds)} | "
+                     + (", ".join(f"{seed} from {i}" for seed, i in stuck) or "-") + " |")
     if tuning and all(row["name"] in PROTOCOL_TUNING for row in tuning):  # the protocol's grids
         chosen = set()
         for method, grid in GRIDS.items():

@@ -1105,7 +1105,13 @@ def test_ppo_vs_grpo_report_of_the_searched_runs_compares_with_the_searched_ppo(
                                    "time/update": [(i, 0.0) for i in range(1, 9)], "eval/accuracy": [(0, 0.1), (8, final)]}
         records.append({"method": method, "seed": seed, "command": f"python x.py --seed {seed}", "run_dir": f"{method}{seed}",
                         "peak_rss_gb": 1.0, "wall_s": 1.0, "cpu_s": 1.0, "commit": "abc", "date": "2026-11-29"})
+    # RLOO's seed 14 all wrong from iteration 6 to its end (8), seed 15 only at its last iteration (not stuck), seed 13
+    # all wrong at 3 and 4 and then not
+    raw = {13: [-0.5, -0.5, -1.0, -1.0, -0.9, -0.5, -0.5, -0.5], 14: [-0.8] * 5 + [-1.0] * 3, 15: [-0.5] * 7 + [-1.0]}
+    for seed, values in raw.items():
+        logs[f"searched_rloo{seed}"]["objective/raw_scores"] = list(zip(range(1, 9), values))
     text = pvg.write_report(pvg.summarize(records, logs.__getitem__), tmp_path / "page", search=["## The search", "x"])
     # against the searched PPO (0.6-0.8), not the other PPO rows (0.1): -20.0 ± 2.776 * sqrt(0.02 / 3)
     assert "| RLOO, searched | -20.0% ± 22.7% |" in text
+    assert "| RLOO, searched | 1 of 3 | 14 from 6 |" in text and "| PPO, searched | 0 of 3 | - |" in text
     assert "\n## The search\nx\n\n## Commands" in text
