@@ -209,19 +209,13 @@ def search_lines(records: list[dict]) -> list[str]:
 
 
 def searched_methods(records: list[dict], methods=None) -> dict[str, str]:
-    """{searched_<method>: the flags the search chose} for methods (all of SEARCH's if None), the same choice the
-    report marks (protocol.choose over the first tuning seed); a clear error while a method's search has runs left."""
-    chosen = {}
-    for method, (axes, _) in SEARCH.items():
-        if methods is not None and method not in methods:
-            continue
-        first, second = search_results(records, method, read_scalars)
-        left = protocol.next_runs(axes, first, second)
-        if left:
-            raise SystemExit(f"error: --searched: {method}'s search has {len(left)} runs left; run `python "
-                             "experiments/ppo_vs_grpo.py search` first")
-        chosen[f"searched_{method}"] = search_flags(method, protocol.first_choice(first))
-    return chosen
+    """{searched_<method>: the flags the search chose} for methods (all of SEARCH's if None): protocol's one
+    choice, the report's; a clear error while a method's search has runs left."""
+    chosen = protocol.searched_choices({m: axes for m, (axes, _) in SEARCH.items()},
+                                       lambda m: search_results(records, m, read_scalars),
+                                       list(SEARCH) if methods is None else [m for m in SEARCH if m in methods],
+                                       "python experiments/ppo_vs_grpo.py search")
+    return {f"searched_{method}": search_flags(method, setting) for method, setting in chosen.items()}
 
 
 def run_searched(args, runs: Path) -> None:

@@ -181,6 +181,20 @@ def next_runs(axes: dict, first: dict, second: dict, cap: int = EXTRA_RUNS) -> l
     return [(name, SECOND_SEED) for name in top_two(first) if name not in second]
 
 
+def searched_choices(axes: dict, results, methods, command: str) -> dict[str, str]:
+    """{method: the rule's choice over its search's first seed} for methods, once each one's search is done (the
+    one choice a harness's page marks and its test runs take): axes {method: axes}, results(method) gives
+    (first, second) as next_runs reads them; a clear error naming `command` while a method has runs left."""
+    chosen = {}
+    for method in methods:
+        first, second = results(method)
+        left = next_runs(axes[method], first, second)
+        if left:
+            raise SystemExit(f"error: --searched: {method}'s search has {len(left)} runs left; run `{command}` first")
+        chosen[method] = first_choice(first)
+    return chosen
+
+
 def top_two(first: dict) -> list[str]:
     """The rule's choice and the choice among the rest: first {setting: (score, CPU minutes)}."""
     scores, costs = {k: v[0] for k, v in first.items()}, {k: v[1] for k, v in first.items()}

@@ -555,15 +555,8 @@ def search_results(tuning_runs: str, method: str) -> tuple[dict, dict]:
 
 def searched_settings(tuning_runs: str, methods) -> dict[str, str]:
     """Each method's setting by the protocol's rule over its search's first seed, once the search is done."""
-    chosen = {}
-    for method in methods:
-        first, second = search_results(tuning_runs, method)
-        left = protocol.next_runs(SEARCH[method], first, second) if first else ["all"]
-        if left:
-            raise SystemExit(f"error: --searched: {method}'s search has {len(left)} runs left; run `python "
-                             "experiments/rlhf_frontier.py search` first")
-        chosen[method] = protocol.first_choice(first)
-    return chosen
+    return protocol.searched_choices(SEARCH, lambda method: search_results(tuning_runs, method), methods,
+                                     "python experiments/rlhf_frontier.py search")
 
 
 def tuning_table(tuning_runs: str, method: str) -> list[dict]:

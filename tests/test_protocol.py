@@ -184,3 +184,17 @@ def test_the_page_s_search_report_counts_runs_marks_the_choice_and_its_edges_by_
         "G inside. Not finished: 2 runs left.")
     assert "lr highest (not run yet)" in protocol.search_report("RLOO", AXES, first, {}, 1.0, "a", "c", str)[0]
     assert "at most 6 runs beyond the grid" in protocol.rule_text("score", "CPU minutes", "1 point")
+
+
+def test_the_test_runs_take_the_rule_s_choice_once_each_search_asked_for_is_done():
+    """searched_choices, what both harnesses' `run --searched` read: the rule's choice (a tie within TIE to the
+    cheaper, not the highest score), for the methods asked only; a method with runs left stops it, naming the
+    command that runs them."""
+    axes = {"lr": AXES["lr"], "G": Axis(("4", "8", "16"), low=2, high=16)}
+    done = {protocol.setting_name({"lr": lr, "G": g}): (0.3, 2.0) for lr in axes["lr"].values for g in ("4", "8", "16")}
+    done["lr 2e-5 G 16"], done["lr 4e-5 G 8"] = (0.6, 2.0), (0.6 - protocol.TIE / 2, 1.0)  # a tie, half the cost
+    seconds = {"lr 4e-5 G 8": 0.5, "lr 2e-5 G 16": 0.5}
+    results = {"a": (done, seconds), "b": (dict(list(done.items())[:5]), {})}  # b: its first grid not run
+    assert protocol.searched_choices({"a": axes, "b": axes}, results.get, ["a"], "x") == {"a": "lr 4e-5 G 8"}
+    with pytest.raises(SystemExit, match=r"^error: --searched: b's search has 7 runs left; run `x search` first$"):
+        protocol.searched_choices({"a": axes, "b": axes}, results.get, ["a", "b"], "x search")
