@@ -1,4 +1,5 @@
 import ast
+import contextlib
 import dataclasses
 import importlib.util
 import inspect
@@ -885,3 +886,45 @@ def test_a_restored_env_draws_the_next_game_s_no_ops_as_the_saved_one_would():
         starts.append((ppo_atari.wrapper_of(env, gym.wrappers.RecordEpisodeStatistics).episode_lengths,
                        env.unwrapped.np_random.integers(1 << 30), np.asarray(obs).copy()))
     assert starts[0][0] == starts[1][0] and starts[0][1] == starts[1][1] and np.array_equal(starts[0][2], starts[1][2])
+
+
+def test_evaluation_chooses_each_action_on_the_frames_the_env_returned_last(monkeypatch):
+    """evaluate()'s greedy and sampled games: each action is chosen on the stacked frames the env returned last
+    (the reset's, a step's, a lost life's reset), as stored (uint8, scaled inside the network), recorded by a
+    wrapper outside the training's wrappers. Each game stops at its end or after `actions` actions (a random
+    policy loses its first life within them)."""
+    returned, seen, resets = [], [], []
+    real_make_env = ppo_atari.make_env
+
+    class Enough(Exception):
+        pass
+
+    class Recorder(gym.Wrapper):
+        def reset(self, **kwargs):
+            obs, info = self.env.reset(**kwargs)
+            returned.append(np.array(obs))
+            resets.append(len(returned))
+            return obs, info
+
+        def step(self, action):
+            out = self.env.step(action)
+            returned.append(np.array(out[0]))
+            return out
+
+    def watch(x, real, actions):
+        if len(seen) == actions:
+            raise Enough
+        seen.append((len(returned), x.dtype, x[0].numpy().copy()))
+        return real(x)
+
+    monkeypatch.setattr(ppo_atari, "make_env", lambda *a, **kw: lambda: Recorder(real_make_env(*a, **kw)()))
+    torch.manual_seed(0)
+    agent = ppo_atari.Agent(4)
+    for sample, name, actions in [(False, "greedy_action", 60), (True, "get_action", 300)]:
+        returned.clear(), seen.clear(), resets.clear()
+        monkeypatch.setattr(agent, name, lambda x, real=getattr(agent, name), n=actions: watch(x, real, n))
+        with contextlib.suppress(Enough):  # the game's end, or `actions` actions, whichever comes first
+            ppo_atari.evaluate(agent, BREAKOUT, 1, 3, torch.device("cpu"), sample=sample)
+        assert len(seen) >= 50 and (len(resets) >= 2 or not sample)  # sampled: a lost life's reset too
+        for count, dtype, x in seen:
+            assert dtype == torch.uint8 and np.array_equal(x, returned[count - 1])
