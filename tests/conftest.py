@@ -1,6 +1,7 @@
 """Shared test helpers. Also makes the top-level scripts importable as modules (`import ppo_cartpole`)."""
 import copy
 import glob
+import importlib.util
 import inspect
 import json
 import os
@@ -18,6 +19,14 @@ import torch
 # Before any test module imports transformers (huggingface_hub reads it at import): never wait on the network.
 os.environ["HF_HUB_OFFLINE"] = "1"
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def load_benchmark(name: str):
+    """benchmarks/NAME.py as a module (the folder is not a package)."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _read_events(run_dir):

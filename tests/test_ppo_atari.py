@@ -1,7 +1,6 @@
 import ast
 import contextlib
 import dataclasses
-import importlib.util
 import inspect
 import json
 import os
@@ -18,7 +17,7 @@ import torch
 
 import ppo_atari
 import ppo_cartpole
-from conftest import cartpole_agent_pt, check_one_step_gae, each_bad_value, unusable_checkpoint
+from conftest import cartpole_agent_pt, check_one_step_gae, each_bad_value, load_benchmark, unusable_checkpoint
 
 BREAKOUT, ASTERIX = "ALE/Breakout-v5", "ALE/Asterix-v5"  # Asterix: no FIRE action, rewards of 50 and more
 
@@ -521,14 +520,6 @@ def test_env_speed_benchmark_times_the_file_s_envs_and_ale_s_vector_env():
     assert all(float(line.split(": ")[1].split()[0]) > 0 for line in lines)
     with pytest.raises(SystemExit):
         speed.main(["--steps", "0"])
-
-
-def load_benchmark(name: str):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(
-        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_cleanrl_speed_benchmark_patches_only_its_lines_and_reads_each_run(tmp_path):

@@ -2,7 +2,6 @@
 reward_model_gpt2.py, the intervals over prompts, the Bradley-Terry fit, the cross-validated L2 and the probe's
 features, each against a slow reference worked out here; then the command lines on tiny files and models."""
 
-import importlib.util
 import itertools
 import json
 import math
@@ -16,20 +15,13 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
 import reward_model_gpt2 as rm
+from conftest import load_benchmark
 
-ROOT = Path(__file__).resolve().parents[1]
 EOS = "<|endoftext|>"
 
 
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-baselines = load("preference_baselines")
-probe = load("reward_probe")
+baselines = load_benchmark("preference_baselines")
+probe = load_benchmark("reward_probe")
 
 
 @pytest.fixture(scope="module")

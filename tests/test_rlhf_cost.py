@@ -1,7 +1,6 @@
 """Tests of benchmarks/rlhf_cost.py without timing anything: the command each script gets, the row it reports
 (medians after the first iteration, worked out by hand), the tokenizer it builds, and its argument errors."""
 
-import importlib.util
 import shutil
 import subprocess
 import sys
@@ -10,15 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from conftest import load_benchmark
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def load_benchmark(name: str):
-    """benchmarks/NAME.py as a module (the folder is not a package)."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def flag(command: list[str], name: str) -> str:

@@ -2,21 +2,14 @@
 run of the loop splits into parts that add up and leaves torch, MuJoCo, gymnasium and the script as it found them,
 the physics it compares with runs beside the loop and out of its time, and its argument errors."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 import torch
 
+from conftest import load_benchmark
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def load_benchmark(name: str):
-    """benchmarks/NAME.py as a module (the folder is not a package)."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 speed = load_benchmark("walker_speed")
