@@ -6,7 +6,6 @@ import itertools
 import json
 import math
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
