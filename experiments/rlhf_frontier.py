@@ -180,6 +180,14 @@ class Search(Common):
 
 
 @dataclass
+class Prompts:
+    runs: str = "experiments/runs/rlhf_frontier"
+    """the records read"""
+    preferences: str = "vader_2000.jsonl"
+    """the preference file, whose prompts the test prompts must not be"""
+
+
+@dataclass
 class Report:
     runs: str = "experiments/runs/rlhf_frontier"
     """the records read"""
@@ -586,6 +594,32 @@ def tuned_settings(tuning_runs: str, methods) -> dict[str, str]:
     return chosen
 
 
+def list_prompts(args: Prompts) -> str:
+    """`prompts`: the search's test prompts (--split fresh) and, for each split, how many recorded runs read it;
+    a clear error if a fresh prompt is also a validation, earlier test, training or preference-file prompt."""
+    check_file(args.preferences)
+    fresh, records = shared.FRESH_TEST_PROMPTS, {}
+    for path in sorted(glob.glob(os.path.join(ROOT, args.runs, "**", "*.json"), recursive=True)):
+        record = read_json(path)
+        if "points" in record and record.get("method") != BEST_OF_N:  # best-of-n: the earlier test prompts
+            tuning = os.path.basename(os.path.dirname(os.path.dirname(path))) == "tuning"
+            records.setdefault(record.get("split", "validation" if tuning else "test"), []).append(record)
+    others = {"validation": shared.VALIDATION_PROMPTS, "earlier test": shared.load_eval_prompts(None, 64),
+              "training": rlhf.PROMPTS + rlhf.EVAL_PROMPTS,
+              "preference file": [json.loads(line)["prompt"] for line in open(args.preferences) if line.strip()]}
+    if len(set(fresh)) != len(fresh):
+        raise SystemExit(f"error: the fresh test prompts repeat {len(fresh) - len(set(fresh))} of themselves")
+    for name, prompts in others.items():
+        both = {p.strip() for p in fresh} & {p.strip() for p in prompts}
+        if both:
+            raise SystemExit(f"error: {len(both)} fresh test prompts are {name} prompts too: {sorted(both)[0]!r}")
+    lines = [f"{len(fresh)} fresh test prompts (--split fresh), distinct, none a validation, earlier test, training "
+             f"or preference-file prompt; recorded runs under {args.runs} by the prompts they read: " + ", ".join(
+                 f"{split} {len(rs)}" + (f" (seeds {sorted({r['seed'] for r in rs})})" if split == "fresh" else "")
+                 for split, rs in sorted(records.items())), *fresh]
+    return "\n".join(lines)
+
+
 # --------------------------------------------------------------------------------------------------- report
 
 
@@ -833,7 +867,7 @@ if __name__ == "__main__":
     sub = tyro.conf.subcommand
     args = tyro.cli(Union[Annotated[RewardModel, sub("reward-model")], Annotated[Tune, sub("tune")],
                           Annotated[Search, sub("search")], Annotated[Run, sub("run")],
-                          Annotated[Report, sub("report")]])
-    {RewardModel: run_reward_model, Tune: tune, Search: search, Run: run,
+                          Annotated[Prompts, sub("prompts")], Annotated[Report, sub("report")]])
+    {RewardModel: run_reward_model, Tune: tune, Search: search, Run: run, Prompts: lambda a: print(list_prompts(a)),
      Report: lambda a: print(report(a))}[type(args)](args)
 

@@ -41,6 +41,8 @@ TOOLS = {  # tools whose commands are not run here, and why (their own tests are
     "experiments/rlhf_overoptimization.py report": "reads the json files of earlier runs",
     "experiments/ppo_vs_grpo.py report": "reads the records of earlier runs",
     "experiments/rlhf_frontier.py report": "reads the records of earlier runs",
+    "experiments/rlhf_frontier.py prompts": "reads the records of earlier runs (tests/test_rlhf_frontier.py)",
+    "experiments/ppo_vs_grpo.py problems": "reads the records of earlier runs (tests/test_experiments.py)",
     "experiments/rlhf_kl_vs_collapse.py": "pretrains a character-level GPT-2, then PPO over seeds: minutes",
     "-m pytest": "the test suite itself",
     "-c": "a one-off snippet quoted on a results page",

@@ -539,3 +539,29 @@ def test_the_search_reads_the_tuning_records_and_the_fresh_prompts_are_unread(tm
     others = (set(shared.VALIDATION_PROMPTS) | set(shared.load_eval_prompts(None, 64)) | set(F.rlhf.PROMPTS)
               | set(F.rlhf.EVAL_PROMPTS))
     assert len(fresh) == len(shared.FRESH_TEST_PROMPTS) == 64 and not fresh & others
+
+
+def test_prompts_lists_the_fresh_test_prompts_and_the_runs_that_read_each_split(tmp_path, monkeypatch, capsys):
+    """`prompts`: the fresh test prompts, and the recorded runs counted by the prompts they read (a record's
+    split; before the field existed, validation under tuning/ and the earlier test prompts elsewhere; best-of-n
+    and the initial point are no runs); a fresh prompt that repeats, or is also a prompt of another list or of
+    the preference file, is a clear error."""
+    prefs = write_preferences(tmp_path / "prefs.jsonl", ["A prompt of the file,"])
+    run = {"method": "dpo", "setting": "s", "points": [{"kl": 0.0, "gold": 0.1}]}
+    for where, extra in [("tuning/dpo/a__100", {}), ("tuning/ppo/b__101", {"split": "validation"}),
+                         ("dpo/c__1", {}), ("dpo/d__7", {"split": "fresh"}), ("grpo/e__8", {"split": "fresh"}),
+                         ("best_of_n/N4", {"method": "best_of_n"})]:
+        (tmp_path / where).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f"{where}.json").write_text(json.dumps({**run, "seed": int(where.split("__")[-1][-1]), **extra}))
+    (tmp_path / "initial.json").write_text(json.dumps({"gold": 0.1, "gold_se": 0.0}))
+    text = F.list_prompts(F.Prompts(runs=str(tmp_path), preferences=prefs))
+    assert text.splitlines()[1:] == shared.FRESH_TEST_PROMPTS
+    assert text.splitlines()[0].endswith("by the prompts they read: fresh 2 (seeds [7, 8]), test 1, validation 2")
+    fresh = list(shared.FRESH_TEST_PROMPTS)
+    for planted, error in [(fresh[:63] + [fresh[0]], "repeat 1 of themselves"),
+                           (fresh[:63] + [shared.VALIDATION_PROMPTS[5]], "1 fresh test prompts are validation"),
+                           (fresh[:63] + [shared.load_eval_prompts(None, 64)[9]], "are earlier test prompts"),
+                           (fresh[:63] + ["A prompt of the file, "], "are preference file prompts too")]:
+        monkeypatch.setattr(shared, "FRESH_TEST_PROMPTS", planted)
+        with pytest.raises(SystemExit, match=error):
+            F.list_prompts(F.Prompts(runs=str(tmp_path), preferences=prefs))
