@@ -25,7 +25,9 @@ clipping). The update: the batch's values (`get_value`), `compute_gae`, forward 
 backward, gradient clipping, Adam, and the rest (minibatch indexing, losses, statistics). Then the logging
 section. A timed call inside another timed part counts for the outer one; the script's own rollout and update
 timers read CPU time in that run. Each timer costs about a microsecond a call, so the ratio is not taken from
-it. The second table divides each run's parts by its own MuJoCo time, which cancels the drift between runs.
+it. The second table divides each run's parts by its own MuJoCo time, which cancels the drift between runs; the
+last lines give, on that scale, the ratio of the loop as timed, of the loop less its update, and of its env steps
+alone: how close to the physics the loop could come if the update, or everything but the env, cost nothing.
 """
 
 import argparse
@@ -212,6 +214,17 @@ def split(script, steps: int, runs_dir: str) -> dict:
     return parts
 
 
+def bounds(physics: dict, loop: dict) -> dict:
+    """What the split says of the ratio to the physics: the loop as timed, the loop less its update (the batch's
+    values, compute_gae, the minibatch steps), and its env steps alone; each run's seconds over its own MuJoCo
+    time (physics, loop: split()'s parts of the physics alone and of a loop)."""
+    per_mujoco = physics["env steps"] / physics[ENV_PARTS[0]]
+    update = sum(loop[name] for name in UPDATE) + loop["rest of the update"]
+    return {name: per_mujoco / (seconds / loop[ENV_PARTS[0]]) for name, seconds in [
+        ("the loop as timed", loop["loop"]), ("without the update", loop["loop"] - update),
+        ("its env steps alone", loop["env steps"])]}
+
+
 def committed(rev: str, folder: str) -> str:
     """The path of a copy of ppo_walker2d.py as of git revision `rev`, written to `folder`."""
     text = subprocess.run(["git", "show", f"{rev}:ppo_walker2d.py"], cwd=ROOT, check=True, capture_output=True,
@@ -270,6 +283,11 @@ def main(argv=None) -> dict:
                 for name in splits[list(splits)[-1]]:
                     print(f"{name:<32}" + "".join(f"{parts[name] / unit(parts):>24.4f}" if name in parts else
                                                   f"{'':>24}" for parts in splits.values()))
+            print("\nthe ratio to the physics the split leaves room for (each run over its own MuJoCo time; the "
+                  "timers' cost included)")
+            for label in [k for k in splits if k != "physics alone"]:
+                print(f"{label}: " + ", ".join(f"{name} {ratio:.3f}" for name, ratio in
+                                              bounds(splits["physics alone"], splits[label]).items()))
     return {"ratios": ratios, "splits": splits}
 
 

@@ -76,3 +76,15 @@ def test_bad_arguments_fail_fast(argv, capsys):
     with pytest.raises(SystemExit):
         speed.main(argv)
     assert "--steps must be a positive multiple of 2048" in capsys.readouterr().err
+
+
+def test_the_bounds_take_each_run_over_its_own_mujoco_time_by_hand():
+    """Physics alone: 3 s of env steps, 2 of them MuJoCo's. A loop of 10 s, MuJoCo 4 s, its env steps 7 s, its
+    update 2 s (six parts of 0.25 s and 0.5 s the rest): per MuJoCo second the physics takes 1.5 s, the loop 2.5,
+    the loop less its update 2.0, its env steps 1.75."""
+    physics = {"env steps": 3.0, speed.ENV_PARTS[0]: 2.0}
+    loop = {"loop": 10.0, "env steps": 7.0, speed.ENV_PARTS[0]: 4.0, "rest of the update": 0.5,
+            **{name: 0.25 for name in speed.UPDATE}}
+    assert speed.bounds(physics, loop) == pytest.approx({"the loop as timed": 1.5 / 2.5,
+                                                          "without the update": 1.5 / 2.0,
+                                                          "its env steps alone": 1.5 / 1.75})
