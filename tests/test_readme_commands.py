@@ -35,6 +35,7 @@ TOOLS = {  # tools whose commands are not run here, and why (their own tests are
     "benchmarks/preference_baselines.py": "reads a preference file that a reward_model_gpt2.py run wrote",
     "benchmarks/reward_probe.py": "runs a language model over a preference file (tests/test_reward_probe.py)",
     "benchmarks/rlhf_cost.py": "times GPT-2-small iterations: minutes",
+    "benchmarks/walker_speed.py": "times whole Walker2d trainings against the physics: minutes (tests/test_walker_speed.py)",
     "benchmarks/bf16_profile.py": "profiles passes of a 135M-parameter model: minutes",
     "benchmarks/trl_side_by_side.py": "needs a virtual environment with TRL",
     "benchmarks/trl_grpo_dpo.py": "needs a virtual environment with TRL",
