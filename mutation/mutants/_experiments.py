@@ -17,7 +17,8 @@ from pathlib import Path
 
 TEST_FILE = "tests/test_experiments.py"
 TEST_FILES = {"experiments/rlhf_frontier": "tests/test_rlhf_frontier.py",
-              "experiments/protocol": "tests/test_protocol.py"}  # scripts with a test file of their own
+              "experiments/protocol": "tests/test_protocol.py",
+              "benchmarks/walker_speed": "tests/test_walker_speed.py"}  # scripts with a test file of their own
 SELECTOR = "not overopt and not preference"
 
 MUTANTS_BY_SCRIPT = {
@@ -99,6 +100,12 @@ MUTANTS_BY_SCRIPT = {
          "elapsed = np.cumsum([0.0] + [seconds[step] for step in sorted(seconds)])",
          "elapsed = np.cumsum([0.0, 0.0] + [seconds[step] for step in sorted(seconds)])",
          "ppo_vs_grpo"),
+        ("a run stuck at all wrong for one iteration at its end counted as stuck",
+         "return start if start is not None and scores[-1][0] > start else None",
+         "return start if start is not None else None", "ppo_vs_grpo"),
+        ("a streak of all-wrong batches not broken by a batch with a right answer",
+         "start = (step if start is None else start) if value <= -1 + 1e-6 else None",
+         "start = (step if start is None else start) if value <= -1 + 1e-6 else start", "ppo_vs_grpo"),
         ("the equal-CPU budget rounded up to whole batches, not down",
          "int(ppo / per_completion // batch_size * batch_size)",
          "int(-(-ppo / per_completion // batch_size) * batch_size)", "ppo_vs_grpo"),
@@ -143,6 +150,15 @@ MUTANTS_BY_SCRIPT = {
          "va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)",
          "va, vb = a.std(ddof=1) / len(a), b.std(ddof=1) / len(b)",
          "test"),
+    ],
+    # the loop's bounds against the physics (benchmarks/walker_speed.py)
+    "benchmarks/walker_speed": [
+        ("walker_speed: the bounds read each run's seconds, not over its own MuJoCo time",
+         "return {name: per_mujoco / (seconds / loop[ENV_PARTS[0]]) for name, seconds in [",
+         "return {name: per_mujoco / seconds for name, seconds in [", "bounds"),
+        ("walker_speed: the loop less its update leaves the rest of the update in",
+         'update = sum(loop[name] for name in UPDATE) + loop["rest of the update"]',
+         "update = sum(loop[name] for name in UPDATE)", "bounds"),
     ],
     "experiments/rlhf_overoptimization_report": [  # its report subcommand, where these breakages are
         ("issue41: the bootstrap draws a fixed half of the prompts (not a resample with replacement)",
