@@ -638,20 +638,24 @@ def test_arithmetic_problems_split_once_disjoint_with_both_orders_on_one_side(di
     assert train[:20] != sorted(train[:20])  # shuffled, not in order
 
 
-def test_greedy_decoding_takes_the_most_likely_token(tiny):
+@pytest.mark.parametrize("name", ["ppo_rlhf_gpt2", "grpo_gpt2", "reward_model_gpt2", "dpo_gpt2"])
+def test_greedy_decoding_takes_the_most_likely_token(tiny, name):
+    """generate() of each language-model file (one contract): greedy, every token the argmax after its context
+    (read by ppo_rlhf_gpt2's full forward pass), its log-probs those of the argmax; sampling by default."""
+    generate = importlib.import_module(name).generate
     torch.manual_seed(3)
     tokenizer, pad_token_id, _ = rlhf.load_tokenizer(tiny["policy"], ".")
     policy = AutoModelForCausalLM.from_pretrained(tiny["policy"]).eval()
     queries = tokenizer(rlhf.PROMPTS[:6], padding=True, return_tensors="pt")["input_ids"]
-    responses, logprobs = rlhf.generate(policy, queries, 6, 0.7, pad_token_id, greedy=True)
-    again, _ = rlhf.generate(policy, queries, 6, 0.7, pad_token_id, greedy=True)
+    responses, logprobs = generate(policy, queries, 6, 0.7, pad_token_id, greedy=True)
+    again, _ = generate(policy, queries, 6, 0.7, pad_token_id, greedy=True)
     assert torch.equal(responses, again)
     # the full forward pass over query + response: every response token is the argmax after its context
     logits = rlhf.response_logits(policy, torch.cat([queries, responses], 1), queries.shape[1], 0.7,
                                   pad_token_id)
     assert torch.equal(logits.argmax(-1), responses)
     torch.testing.assert_close(logprobs, logits.log_softmax(-1).max(-1).values, atol=1e-5, rtol=0)
-    sampled, _ = rlhf.generate(policy, queries, 6, 0.7, pad_token_id)
+    sampled, _ = generate(policy, queries, 6, 0.7, pad_token_id)
     assert not torch.equal(sampled, responses)  # sampling (the default) is not greedy
 
 

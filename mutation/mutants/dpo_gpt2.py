@@ -5,6 +5,9 @@ Each entry is (name, text found exactly once in the script, its replacement)."""
 TEST_FILE = "tests/test_dpo_gpt2.py"
 
 MUTANTS = [
+    ("generate's greedy decoding samples (one contract with the RL files')",
+     "token = logits.argmax(-1, keepdim=True) if greedy else torch.multinomial(logits.softmax(-1), 1)",
+     "token = torch.multinomial(logits.softmax(-1), 1)", "greedy_decoding", "tests/test_ppo_rlhf_gpt2.py"),
     ("margin of the rejected response over the chosen one",
      "        margins = chosen_logratios - rejected_logratios\n        losses = (-(1",
      "        margins = rejected_logratios - chosen_logratios\n        losses = (-(1"),

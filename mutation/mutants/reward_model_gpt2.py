@@ -6,6 +6,9 @@ Each entry is (name, text found exactly once in the script, its replacement)."""
 TEST_FILE = "tests/test_reward_model_gpt2.py"
 
 MUTANTS = [
+    ("generate's greedy decoding samples (one contract with the RL files')",
+     "token = logits.argmax(-1, keepdim=True) if greedy else torch.multinomial(logits.softmax(-1), 1)",
+     "token = torch.multinomial(logits.softmax(-1), 1)", "greedy_decoding", "tests/test_ppo_rlhf_gpt2.py"),
     ("loss prefers the rejected response",
      "return -F.logsigmoid(chosen_scores - rejected_scores).mean()",
      "return -F.logsigmoid(rejected_scores - chosen_scores).mean()"),
