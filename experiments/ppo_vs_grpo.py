@@ -532,13 +532,17 @@ def write_report(methods: dict, out: Path, tuning: list[dict] = (), search: list
             d, h = difference_interval([r["accuracy"][-1] for r in seeds], [r["accuracy"][-1] for r in ppo])
             lines.append(end_row(method, seeds, f"{d:+.1%} ± {h:.1%}" if min(len(seeds), len(ppo)) >= 3
                                  else f"{d:+.1%}"))
-    lines += ["", "## Runs stuck at all wrong (every batch from some iteration to the run's end all wrong, so every "
-              "group's advantage 0: at beta 0 no step moves the policy again)", "",
-              "| method | seeds stuck | each: seed, from iteration |", "|---|---|---|"]
+    lines += ["", "## Runs that collapsed: held-out accuracy at the end below the initial policy's, and runs stuck at all "
+              "wrong (every batch from some iteration to the run's end, so every group's advantage 0: at beta 0 no "
+              "step moves the policy again)", "",
+              "| method | seeds ending below their start | each: seed, start, end | seeds stuck | each: seed, from "
+              "iteration |", "|---|---|---|---|---|"]
     for method, seeds in every_method.items():
+        below = [r for r in seeds if r["accuracy"][-1] < r["accuracy"][0]]
         stuck = [(r["seed"], r["all_wrong_from"]) for r in seeds if r.get("all_wrong_from") is not None]
-        lines.append(f"| {label(method)} | {len(stuck)} of {len(seeds)} | "
-                     + (", ".join(f"{seed} from {i}" for seed, i in stuck) or "-") + " |")
+        lines.append(f"| {label(method)} | {len(below)} of {len(seeds)} | " + (", ".join(
+            f"{r['seed']}, {fmt(r['accuracy'][0])}, {fmt(r['accuracy'][-1])}" for r in below) or "-") +
+            f" | {len(stuck)} of {len(seeds)} | " + (", ".join(f"{seed} from {i}" for seed, i in stuck) or "-") + " |")
     if tuning and all(row["name"] in PROTOCOL_TUNING for row in tuning):  # the protocol's grids
         chosen = set()
         for method, grid in GRIDS.items():

@@ -1113,5 +1113,11 @@ def test_ppo_vs_grpo_report_of_the_searched_runs_compares_with_the_searched_ppo(
     text = pvg.write_report(pvg.summarize(records, logs.__getitem__), tmp_path / "page", search=["## The search", "x"])
     # against the searched PPO (0.6-0.8), not the other PPO rows (0.1): -20.0 ± 2.776 * sqrt(0.02 / 3)
     assert "| RLOO, searched | -20.0% ± 22.7% |" in text
-    assert "| RLOO, searched | 1 of 3 | 14 from 6 |" in text and "| PPO, searched | 0 of 3 | - |" in text
+    # every run starts at 10% (step 0); RLOO's seeds end at 40-60%, none below; a run of PPO's seed 16 ending at 5%
+    assert "| RLOO, searched | 0 of 3 | - | 1 of 3 | 14 from 6 |" in text
+    assert "| PPO, searched | 0 of 3 | - | 0 of 3 | - |" in text
+    logs["searched_ppo16"] = {**logs["searched_ppo13"], "eval/accuracy": [(0, 0.1), (8, 0.05)]}
+    records.append({**records[0], "seed": 16, "run_dir": "searched_ppo16"})
+    text = pvg.write_report(pvg.summarize(records, logs.__getitem__), tmp_path / "page", search=["## The search", "x"])
+    assert "| PPO, searched | 1 of 4 | 16, 10.0%, 5.0% | 0 of 4 | - |" in text
     assert "\n## The search\nx\n\n## Commands" in text
