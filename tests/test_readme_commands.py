@@ -44,6 +44,8 @@ TOOLS = {  # tools whose commands are not run here, and why (their own tests are
     "experiments/rlhf_frontier.py report": "reads the records of earlier runs",
     "experiments/rlhf_frontier.py prompts": "reads the records of earlier runs (tests/test_rlhf_frontier.py)",
     "experiments/ppo_vs_grpo.py problems": "reads the records of earlier runs (tests/test_experiments.py)",
+    "experiments/ppo_vs_grpo.py search": "the search's trainings, each a script's run: hours (tests/test_experiments.py)",
+    "experiments/rlhf_frontier.py search": "the search's trainings, each a script's run: hours (tests/test_rlhf_frontier.py)",
     "experiments/rlhf_kl_vs_collapse.py": "pretrains a character-level GPT-2, then PPO over seeds: minutes",
     "-m pytest": "the test suite itself",
     "-c": "a one-off snippet quoted on a results page",
