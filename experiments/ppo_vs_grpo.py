@@ -638,7 +638,7 @@ def main() -> None:
         if not args.equal_cpu:
             run_all(list(chosen), args.seeds, runs, args.jobs, args.common, chosen)
             return
-        done = summarize([r for r in recorded(runs / "records.jsonl") if r["method"] in SEARCHED], read_scalars)
+        done = summarize([r for r in recorded(runs / "records.jsonl") if r["method"] in chosen], read_scalars)
         if "tuned_ppo" not in done:
             raise SystemExit("error: --equal-cpu: no run of tuned_ppo in --runs; run `run --tuned` first")
         for method, completions in equal_cpu_completions(done).items():
