@@ -22,6 +22,7 @@ the run that went through without a stop.
 
 import argparse
 import math
+import re
 import statistics
 from pathlib import Path
 
@@ -38,7 +39,9 @@ def t95(df: int) -> float:
 
 def scores(run_dir: Path, tag: str = "charts/episodic_return") -> list[tuple[int, float]]:
     """(step, score) of every game in the run, each once, in the order of steps."""
-    files = sorted(run_dir.glob("events.out.tfevents.*"), key=lambda p: (int(p.name.split(".")[3]), p.name))
+    # in the order written: events.out.tfevents.<seconds>.<host>.<pid>.<count>, each number compared as a number
+    files = sorted(run_dir.glob("events.out.tfevents.*"),
+                   key=lambda p: [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", p.name)])
     if not files:
         raise SystemExit(f"error: {run_dir} has no TensorBoard events file: give a ppo_atari.py run folder")
     runs = []  # per file: its games, and the steps at which its iterations ended (charts/SPS)

@@ -571,12 +571,12 @@ def test_ppo_vs_grpo_curves_count_completions_and_training_seconds_by_hand():
 
 def test_ppo_vs_grpo_intervals_by_hand():
     pvg = load("ppo_vs_grpo")
-    mean, half, std = pvg.mean_interval([0.5, 0.6, 0.7])
+    mean, half, std = pvg.protocol.mean_interval([0.5, 0.6, 0.7])
     assert mean == pytest.approx(0.6) and std == pytest.approx(0.1)
     assert half == pytest.approx(4.303 * 0.1 / 3 ** 0.5)  # t with 2 degrees of freedom
-    assert pvg.mean_interval([0.4]) == (0.4, 0.0, 0.0)
+    assert pvg.protocol.mean_interval([0.4]) == (0.4, 0.0, 0.0)
     # Welch: equal variances 0.01 and 3 seeds each: se = sqrt(0.01/3 + 0.01/3), dof = 4, t = 2.776
-    d, h = pvg.difference_interval([0.5, 0.6, 0.7], [0.3, 0.4, 0.5])
+    d, h = pvg.protocol.difference_interval([0.5, 0.6, 0.7], [0.3, 0.4, 0.5])
     assert d == pytest.approx(0.2) and h == pytest.approx(2.776 * (0.02 / 3) ** 0.5)
     # unequal variances: dof from the Welch-Satterthwaite formula, t interpolated in the table
     a, b = [0.5, 0.6, 0.7], [0.40, 0.41, 0.42]
@@ -584,14 +584,14 @@ def test_ppo_vs_grpo_intervals_by_hand():
     dof = (va + vb) ** 2 / (va**2 / 2 + vb**2 / 2)
     assert 2 < dof < 3
     t = 4.303 + (dof - 2) * (3.182 - 4.303)
-    assert pvg.difference_interval(a, b)[1] == pytest.approx(t * (va + vb) ** 0.5)
+    assert pvg.protocol.difference_interval(a, b)[1] == pytest.approx(t * (va + vb) ** 0.5)
     # 6 seeds: t with 5 degrees of freedom; Welch with equal variances, 6 and 6: dof 10; 40 and 40: dof 78,
     # past the table's end at 30 (t = 2.042, a little wider than the exact 1.991)
     six = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]  # std sqrt(0.035)
-    assert pvg.mean_interval(six)[1] == pytest.approx(2.571 * 0.035**0.5 / 6**0.5)
-    assert pvg.difference_interval(six, [x + 0.05 for x in six])[1] == pytest.approx(2.228 * (0.07 / 6) ** 0.5)
+    assert pvg.protocol.mean_interval(six)[1] == pytest.approx(2.571 * 0.035**0.5 / 6**0.5)
+    assert pvg.protocol.difference_interval(six, [x + 0.05 for x in six])[1] == pytest.approx(2.228 * (0.07 / 6) ** 0.5)
     forty = [0.0, 1.0] * 20  # variance 40 / (4 * 39)
-    assert pvg.difference_interval(forty, forty)[1] == pytest.approx(2.042 * (2 * (10 / 39) / 40) ** 0.5)
+    assert pvg.protocol.difference_interval(forty, forty)[1] == pytest.approx(2.042 * (2 * (10 / 39) / 40) ** 0.5)
     assert pvg.last_mean({"x": [(1, 1.0), (2, float("nan")), (3, 3.0)]}, "x", 2) == 3.0
     assert np.isnan(pvg.last_mean({"x": [(1, float("nan"))]}, "x", 2)) and np.isnan(pvg.last_mean({}, "x", 2))
 
@@ -600,7 +600,8 @@ def test_ppo_vs_grpo_report_from_fake_runs(tmp_path):
     """summarize() and write_report() on made-up logs of 3 seeds a method, an earlier sitting of 2 seeds and
     tuning runs: the table rows, ratios to the same sitting's PPO, the intervals (none on 2 seeds), the tuning
     choice and the commands are those of the numbers given, worked out by hand."""
-    pvg = load("ppo_vs_grpo")
+    R = load("ppo_vs_grpo_report")  # the page
+    pvg = R.harness
     logs, records = {}, []
     for method, seed, final, secs, wall, cpu, gb in [
             ("ppo", 1, 0.5, 10.0, 100.0, 90.0, 6.0), ("ppo", 2, 0.6, 10.0, 100.0, 90.0, 6.0),
@@ -626,11 +627,11 @@ def test_ppo_vs_grpo_report_from_fake_runs(tmp_path):
     tuning = pvg.tuning_results([{"method": name, "command": f"python t.py --seed 100 --name {name[-1]}",
                                   "run_dir": name, "cpu_s": 120.0} for name in tuning_logs], tuning_logs.__getitem__)
     # S4 c is within a point of S16 b's 52% and takes fewer steps; rloo S1's 45% is 2 points below S4's 47%
-    assert pvg.choose(tuning, "grpo") == "grpo S4 c" and pvg.choose(tuning, "rloo") == "rloo S4 e"
+    assert R.choose(tuning, "grpo") == "grpo S4 c" and R.choose(tuning, "rloo") == "rloo S4 e"
     assert tuning[0]["train_s"] == 60.0 and np.isnan(tuning[0]["kl"])
     # a hand-written summary above <!-- generated --> and a reading below <!-- reading --> are kept, the rest rewritten
     (tmp_path / "page.md").write_text("# Summary\nwhat holds\n<!-- generated -->\nold tables\n<!-- reading -->\nread\n")
-    text = pvg.write_report(methods, tmp_path / "page", tuning)
+    text = R.write_report(methods, tmp_path / "page", tuning)
     assert text.startswith("# Summary\nwhat holds\n<!-- generated -->\n## The runs: tables, tuning and commands\n")
     assert "old tables" not in text and text.endswith("<!-- reading -->\nread\n") and text.count("what holds") == 1
     assert "| GRPO, tuned schedule | 1 | 10.0% | 40.0% |" in text
@@ -667,11 +668,12 @@ def test_ppo_vs_grpo_tune_runs_the_grids_of_the_methods_named():
 
 def test_ppo_vs_grpo_tuned_methods_run_the_chosen_flags():
     """grpo_tuned and rloo run exactly the flags of a tuning run (the grid is where they come from)."""
-    pvg = load("ppo_vs_grpo")
+    R = load("ppo_vs_grpo_report")  # the page
+    pvg = R.harness
     flags = {name: sorted(pvg.shlex.split(f)) for name, f in pvg.TUNING.items()}
     assert sorted(pvg.shlex.split(pvg.METHODS["grpo_tuned"])) in [f for n, f in flags.items() if n.startswith("grpo")]
     assert sorted(pvg.shlex.split(pvg.METHODS["rloo"])) in [f for n, f in flags.items() if n.startswith("rloo")]
-    assert all(pvg.steps_per_batch(name) >= 1 for name in pvg.TUNING)
+    assert all(R.steps_per_batch(name) >= 1 for name in pvg.TUNING)
     assert "--eval-split validation" in pvg.TUNING_COMMON and "--eval-every 0" in pvg.TUNING_COMMON
 
 
@@ -867,7 +869,8 @@ def test_ppo_vs_grpo_protocol_grids_and_the_rule_s_choice_by_hand():
 def test_ppo_vs_grpo_at_equal_training_time_and_the_protocol_s_tuning_table_by_hand(tmp_path):
     """The completions that tuned PPO's training time buys each critic-free method, and the report's table at
     equal training time and its tuning table by the protocol, from made-up logs worked out by hand."""
-    pvg = load("ppo_vs_grpo")
+    R = load("ppo_vs_grpo_report")  # the page
+    pvg = R.harness
     logs, records = {}, []
 
     def add(method, seed, train_s, final, iterations):
@@ -897,7 +900,7 @@ def test_ppo_vs_grpo_at_equal_training_time_and_the_protocol_s_tuning_table_by_h
         accuracy = 0.5 + 0.02 * (i % 8) if name.startswith("ppo") else 0.4
         tuning.append({"name": name, "command": f"python x.py --seed 100 --n {i}", "initial": 0.1,
                        "final": accuracy, "kl": 1.0, "train_s": 60.0, "cpu_s": 120.0 + i})
-    text = pvg.write_report(pvg.summarize(records, logs.__getitem__), tmp_path / "page", tuning)
+    text = R.write_report(pvg.summarize(records, logs.__getitem__), tmp_path / "page", tuning)
     # tuned PPO 0.7 ± t(2) 0.1 / sqrt(3); GRPO at PPO's time 0.8: +10.0 points, Welch 2.776 * sqrt(0.02 / 3)
     assert "| PPO, tuned | 512 | 13.3 | 70.0% ± 24.8% | 60.0, 70.0, 80.0% | |" in text
     # at 512 completions each tuned method against tuned PPO (not the untuned PPO rows): finals 0.4-0.6 against
@@ -958,7 +961,8 @@ def test_ppo_vs_grpo_search_grids_meet_the_protocol_and_their_commands_parse():
 def test_ppo_vs_grpo_search_counts_earlier_runs_by_their_flags_and_report_and_run_agree(tmp_path, monkeypatch):
     """A search over a small made-up grid: an earlier run with the same flags in another order is recorded, not
     run; one with another flag runs; the search ends; the setting `run --searched` runs is the one the page marks."""
-    pvg = load("ppo_vs_grpo")
+    R = load("ppo_vs_grpo_report")  # the page
+    pvg = R.harness
     axes = {"lr": pvg.protocol.Axis(("1e-5", "2e-5", "4e-5", "8e-5")), "G": pvg.protocol.Axis(("4", "8"), low=2, high=8)}
     monkeypatch.setattr(pvg, "SEARCH", {"rloo": (axes, lambda lr, G: f"grpo_gpt2.py --advantage rloo --num-generations "
                                                                       f"{G} --learning-rate {lr}")})
@@ -1004,7 +1008,7 @@ def test_ppo_vs_grpo_search_counts_earlier_runs_by_their_flags_and_report_and_ru
     assert [n for n, s in ran if s == 100] == [f"rloo {n}" for n in pvg.protocol.first_grid(axes)][1:]
     assert [(n, s) for n, s in ran if s == 101] == [("rloo lr 2e-5 G 8", 101), ("rloo lr 2e-5 G 4", 101)]
     assert pvg.searched_methods(records) == {"searched_rloo": pvg.search_flags("rloo", "lr 2e-5 G 8")}
-    page = "\n".join(pvg.search_lines(records))
+    page = "\n".join(R.search_lines(records))
     assert "| lr 2e-5 G 8 | 49.0% | 48.0% | 1.0 | chosen |" in page
     assert "| lr 1e-5 G 4 (earlier) | 20.0% | - | 0.5 |  |" in page
     assert "Chosen: `lr 2e-5 G 8`; on its axes: lr inside; G highest (none allowed)." in page
@@ -1096,7 +1100,8 @@ def test_ppo_vs_grpo_equal_cpu_budget_by_training_cpu_seconds_by_hand():
 
 
 def test_ppo_vs_grpo_report_of_the_searched_runs_compares_with_the_searched_ppo(tmp_path):
-    pvg = load("ppo_vs_grpo")
+    R = load("ppo_vs_grpo_report")  # the page
+    pvg = R.harness
     logs, records = {}, []
     for method, seed, final in [("searched_ppo", 13, 0.6), ("searched_ppo", 14, 0.7), ("searched_ppo", 15, 0.8),
                                 ("ppo", 13, 0.1), ("ppo", 14, 0.1), ("ppo", 15, 0.1),
@@ -1110,7 +1115,7 @@ def test_ppo_vs_grpo_report_of_the_searched_runs_compares_with_the_searched_ppo(
     raw = {13: [-0.5, -0.5, -1.0, -1.0, -0.9, -0.5, -0.5, -0.5], 14: [-0.8] * 5 + [-1.0] * 3, 15: [-0.5] * 7 + [-1.0]}
     for seed, values in raw.items():
         logs[f"searched_rloo{seed}"]["objective/raw_scores"] = list(zip(range(1, 9), values))
-    text = pvg.write_report(pvg.summarize(records, logs.__getitem__), tmp_path / "page", search=["## The search", "x"])
+    text = R.write_report(pvg.summarize(records, logs.__getitem__), tmp_path / "page", search=["## The search", "x"])
     # against the searched PPO (0.6-0.8), not the other PPO rows (0.1): -20.0 ± 2.776 * sqrt(0.02 / 3)
     assert "| RLOO, searched | -20.0% ± 22.7% |" in text
     # every run starts at 10% (step 0); RLOO's seeds end at 40-60%, none below; a run of PPO's seed 16 ending at 5%
@@ -1118,6 +1123,60 @@ def test_ppo_vs_grpo_report_of_the_searched_runs_compares_with_the_searched_ppo(
     assert "| PPO, searched | 0 of 3 | - | 0 of 3 | - |" in text
     logs["searched_ppo16"] = {**logs["searched_ppo13"], "eval/accuracy": [(0, 0.1), (8, 0.05)]}
     records.append({**records[0], "seed": 16, "run_dir": "searched_ppo16"})
-    text = pvg.write_report(pvg.summarize(records, logs.__getitem__), tmp_path / "page", search=["## The search", "x"])
+    text = R.write_report(pvg.summarize(records, logs.__getitem__), tmp_path / "page", search=["## The search", "x"])
     assert "| PPO, searched | 1 of 4 | 16, 10.0%, 5.0% | 0 of 4 | - |" in text
     assert "\n## The search\nx\n\n## Commands" in text
+
+
+def test_the_sums_page_is_what_its_report_command_writes_from_the_committed_records(tmp_path, monkeypatch):
+    """The report command the page names (`python experiments/ppo_vs_grpo_report.py ...`), run on the committed
+    records into a copy of the page: every table, its top and its reading come out as committed."""
+    R = load("ppo_vs_grpo_report")
+    page = Path(ROOT, "docs/results/ppo_vs_grpo.md").read_text()
+    command = next(line.split() for line in page.splitlines()
+                   if line.startswith("    python experiments/ppo_vs_grpo_report.py"))
+    (tmp_path / "ppo_vs_grpo.md").write_text(page.replace("| PPO, tuned | 7 |", "| PPO, tuned | 70 |"))  # a stale row
+    monkeypatch.setattr(sys, "argv", [command[1], *command[2:], "--out", str(tmp_path / "ppo_vs_grpo")])
+    R.main()
+    assert (tmp_path / "ppo_vs_grpo.md").read_text() == page
+
+
+def test_the_sums_page_reads_several_runs_folders_each_equal_cost_run_beside_its_own_ppo(tmp_path, monkeypatch):
+    """`ppo_vs_grpo_report.py --runs A B`: the protocol's tuned runs in one folder, the search's in another (real
+    TensorBoard logs); each method's difference and each run at PPO's training time is against the PPO of its own
+    kind (tuned against tuned PPO, searched against searched PPO), worked out by hand."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    R = load("ppo_vs_grpo_report")
+    finals = {"tuned": {"tuned_ppo": (0.5, 0.6, 0.7), "tuned_rloo": (0.2, 0.3, 0.4),
+                        "tuned_rloo_equal_cpu": (0.6, 0.7, 0.8)},
+              "search": {"searched_ppo": (0.6, 0.7, 0.8), "searched_rloo": (0.6, 0.7, 0.8),
+                         "searched_rloo_equal_cpu": (0.3, 0.4, 0.5)}}
+    for folder, methods in finals.items():
+        (tmp_path / folder).mkdir()
+        with open(tmp_path / folder / "records.jsonl", "w") as f:
+            for method, ends in methods.items():
+                for seed, end in zip((7, 8, 9), ends):
+                    run_dir = tmp_path / folder / f"{method}__{seed}"
+                    writer = SummaryWriter(str(run_dir))
+                    for i in range(1, 9):
+                        writer.add_scalar("time/rollout", 1.0, i)
+                        writer.add_scalar("time/update", 0.5, i)
+                    writer.add_scalar("eval/accuracy", 0.1, 0)
+                    writer.add_scalar("eval/accuracy", end, 8)
+                    writer.close()
+                    f.write(json.dumps({"method": method, "seed": seed, "command": f"python x.py --seed {seed}",
+                                        "run_dir": str(run_dir), "peak_rss_gb": 1.0, "wall_s": 60.0, "cpu_s": 60.0,
+                                        "commit": "abc", "date": "2026-12-01"}) + "\n")
+    monkeypatch.setattr(sys, "argv", ["ppo_vs_grpo_report.py", "--runs", str(tmp_path / "tuned"),
+                                      str(tmp_path / "search"), "--out", str(tmp_path / "page")])
+    R.main()
+    text = (tmp_path / "page.md").read_text()
+    half = "22.7%"  # 2.776 (4 degrees of freedom) * sqrt(0.01 / 3 + 0.01 / 3)
+    assert f"| RLOO, tuned | -30.0% ± {half} |" in text and f"| RLOO, searched | +0.0% ± {half} |" in text
+    tuned, searched = text.split("## At the training time of PPO, tuned")[1], text.split(
+        "## At the training time of PPO, searched")[1]
+    assert f"| RLOO, tuned, PPO's training time | 512 | 0.2 | 70.0% ± 24.8% | 60.0, 70.0, 80.0% | +10.0% ± {half} |" \
+        in tuned.split("##")[0]
+    assert f"| RLOO, searched, PPO's training CPU time | 512 | 0.2 | 40.0% ± 24.8% | 30.0, 40.0, 50.0% | -30.0% ± " \
+        f"{half} |" in searched.split("##")[0]

@@ -691,6 +691,11 @@ def test_atari_scores_counts_each_game_once_across_a_resume(tmp_path):
     assert len(list(tmp_path.glob("events.out.tfevents.*"))) == 2
     points = scores.scores(tmp_path)
     assert points == [(500, -21), (1500, -20), (2600, -17), (3500, -16), (4000, -14)]
+    # the same two files written in the same second by one process, the ninth and tenth writer of it: the order
+    # of the numbers, not of the names' characters ("9" > "10")
+    for path, count in zip(sorted(tmp_path.glob("events.out.tfevents.*"), key=lambda p: p.stat().st_mtime), (9, 10)):
+        path.rename(tmp_path / f"events.out.tfevents.1796000000.vm.4242.{count}")
+    assert scores.scores(tmp_path) == points
     lines = scores.table(points, 2000)
     # 0-2k: -21, -20 (mean -20.5, sd 0.707, t(1) 12.71: ± 6.4); 2k-4k: -17, -16 (± 6.4); 4k: one game, no interval
     assert lines[2:] == ["| 0k-2k | 2 | -20.5 ± 6.4 |", "| 2k-4k | 2 | -16.5 ± 6.4 |", "| 4k-4k | 1 | -14.0 ± 0.0 |"]

@@ -1,4 +1,5 @@
-"""experiments/rlhf_frontier.py: reading the gold at a KL by hand, and the harness on the tiny models of
+"""experiments/rlhf_frontier.py, its evaluation (rlhf_frontier_measure.py) and its page (rlhf_frontier_report.py):
+reading the gold at a KL by hand, and the harness on the tiny models of
 tests/conftest.py: every method measured by the one evaluation at the steps its flags say, the initial point
 shared and at KL 0, the last point that of the policy the run saved, records skipped when they exist, the
 report's rows from the records."""
@@ -9,6 +10,7 @@ import json
 import math
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -17,10 +19,12 @@ import pytest
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-spec = importlib.util.spec_from_file_location("rlhf_frontier", os.path.join(ROOT, "experiments", "rlhf_frontier.py"))
-frontier_module = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(frontier_module)
-F = frontier_module
+spec = importlib.util.spec_from_file_location("rlhf_frontier_report",
+                                              os.path.join(ROOT, "experiments", "rlhf_frontier_report.py"))
+R = importlib.util.module_from_spec(spec)  # the page
+spec.loader.exec_module(R)
+F = R.harness  # the runs (rlhf_frontier.py), the one its page reads
+M = sys.modules["rlhf_frontier_measure"]  # the one evaluation, a measured run, the gold at a KL
 shared = F.shared  # the prompt sets
 
 
@@ -40,8 +44,8 @@ def test_each_prompt_s_gold_and_the_cpu_minutes_at_a_kl_by_hand(tmp_path):
                                                  "gold_per_prompt": per_prompt, "step": step, **cpu}
     ppo = [point(0.0, [0.0, 0.0, 0.0], 0, cpu_minutes=0.5), point(2.0, [0.2, 0.4, 0.6], 5, cpu_minutes=4.0),
            point(4.0, [1.0, 1.0, 1.0], 20, cpu_minutes=10.0)]
-    np.testing.assert_allclose(F.at_kl(ppo, 1.0, "gold_per_prompt"), [0.1, 0.2, 0.3])
-    np.testing.assert_allclose(F.at_kl(ppo, 3.0, "gold_per_prompt"), [0.6, 0.7, 0.8])
+    np.testing.assert_allclose(M.at_kl(ppo, 1.0, "gold_per_prompt"), [0.1, 0.2, 0.3])
+    np.testing.assert_allclose(M.at_kl(ppo, 3.0, "gold_per_prompt"), [0.6, 0.7, 0.8])
     # the same run recorded without a time at each point: grpo (RL, estimated), dpo (no estimate)
     bare = [{k: v for k, v in p.items() if k != "cpu_minutes"} for p in ppo]
     runs = tmp_path / "runs"
@@ -50,7 +54,7 @@ def test_each_prompt_s_gold_and_the_cpu_minutes_at_a_kl_by_hand(tmp_path):
         (runs / method / "a__1.json").write_text(json.dumps(
             {"method": method, "setting": "a", "seed": 1, "cpu_minutes": 12.0, "points": points, "command": "c"}))
     (runs / "initial.json").write_text(json.dumps(point(0.0, [0.0, 0.0, 0.0], 0)))
-    text = F.report(F.Report(runs=str(runs), out=str(tmp_path / "page")))
+    text = R.report(R.Report(runs=str(runs), out=str(tmp_path / "page")))
     # to KL 3, halfway from the point at KL 2 to the one at 4: recorded 4 and 10 minutes, so 7.0; estimated,
     # 12 minutes times 5/20 and 20/20 of the iterations, 3 and 12, so 7.5
     assert "| ppo | a | 1 | 0.200 | 0.400 | 0.700 | not reached | 4.00, 1.000 | 12.0 | 7.0 |" in text
@@ -71,7 +75,7 @@ def test_the_differences_over_seeds_by_hand(tmp_path):
         (runs / method / f"a__{seed}.json").write_text(json.dumps(
             {"method": method, "setting": "a", "seed": seed, "cpu_minutes": 1.0, "points": points}))
     (runs / "initial.json").write_text(json.dumps(point(0.0, 0.0)))
-    text = F.report(F.Report(runs=str(runs), out=str(tmp_path / "page")))
+    text = R.report(R.Report(runs=str(runs), out=str(tmp_path / "page")))
     lines = [line for line in text.splitlines() if ", at KL " in line]
     # difference 0.6 - 0.3; each mean's variance 0.02 / 2 = 0.01; Welch dof (0.02)^2 / (2 * 0.01^2) = 2,
     # t(0.975, 2) = 4.303: half-width 4.303 * sqrt(0.02) = 0.609. At KL 1: 0.25 - 0.1, half the spread; at KL 2
@@ -84,7 +88,7 @@ def test_the_differences_over_seeds_by_hand(tmp_path):
         (runs / method / f"a_bf16__{seed}.json").write_text(json.dumps(
             {"method": method, "setting": "a bf16", "seed": seed, "cpu_minutes": 1.0,
              "points": [point(0.0, 0.0), point(2.0, g2), point(4.0, g4)]}))
-    text = F.report(F.Report(runs=str(runs), out=str(tmp_path / "page")))
+    text = R.report(R.Report(runs=str(runs), out=str(tmp_path / "page")))
     # DPO against the others within one precision only; bf16 minus fp32 per setting: dpo at KL 3 0.7 - 0.6,
     # ppo 0.3 - 0.3, and DPO minus PPO in bf16 0.7 - 0.3, each spread as above (Welch dof 2): the half-width
     # 0.609; at KL 1 half of it
@@ -103,22 +107,24 @@ def test_the_report_keeps_the_page_s_hand_written_top(tmp_path):
     assert top.startswith("# The reward-KL frontier") and "**What holds.**" in top
     page = tmp_path / "rlhf_frontier.md"
     page.write_text(top + "<!-- generated -->\nSTALE\n")
-    text = F.report(F.Report(runs="docs/results/rlhf_frontier_runs", out=str(tmp_path / "rlhf_frontier")))
+    text = R.report(R.Report(runs="docs/results/rlhf_frontier_runs", out=str(tmp_path / "rlhf_frontier")))
     assert page.read_text() == top + "<!-- generated -->\n" + text and "STALE" not in text
+    # and the tables are the committed page's: the page is what its report writes from the committed records
+    assert top + "<!-- generated -->\n" + text == Path(ROOT, "docs/results/rlhf_frontier.md").read_text()
 
 
 def test_t_interval_by_hand():
-    mean, half, _ = F.mean_interval([0.1, 0.3, 0.5])
+    mean, half, _ = R.mean_interval([0.1, 0.3, 0.5])
     # std 0.2, sqrt(3), t(0.975, 2) = 4.303
     assert mean == pytest.approx(0.3) and half == pytest.approx(4.303 * 0.2 / math.sqrt(3))
-    assert F.mean_interval([0.4])[:2] == (0.4, 0.0)
+    assert R.mean_interval([0.4])[:2] == (0.4, 0.0)
 
 
 def test_rows_need_every_seed_to_reach_the_kl():
     run = lambda seed, kls: {"method": "dpo", "setting": "beta 0.1", "seed": seed, "cpu_minutes": seed,
                              "command": "c", "points": [{"kl": k, "gold": k / 10} for k in kls]}
-    rows = F.frontier_rows([run(1, [0, 2, 4]), run(2, [0, 1, 2])])
-    assert rows[0][1.0][:2] == pytest.approx(F.mean_interval([0.1, 0.1])[:2])
+    rows = R.frontier_rows([run(1, [0, 2, 4]), run(2, [0, 1, 2])])
+    assert rows[0][1.0][:2] == pytest.approx(R.mean_interval([0.1, 0.1])[:2])
     assert rows[0][3.0] == (None, None, 1)  # one of the two seeds reached KL 3
     assert rows[0]["cpu_minutes"] == 1.5
 
@@ -237,7 +243,7 @@ def test_every_method_is_measured_by_the_one_evaluation(tiny_frontier, monkeypat
     # the report: a row per method and setting, the page's hand-written head kept
     out = tiny_frontier["tmp"] / "frontier"
     (tiny_frontier["tmp"] / "frontier.md").write_text("# head\nkept\n<!-- generated -->\nSTALE\n")
-    text = F.report(F.Report(runs=common["runs"], out=str(out)))
+    text = R.report(R.Report(runs=common["runs"], out=str(out)))
     page = (tiny_frontier["tmp"] / "frontier.md").read_text()
     assert page.startswith("# head\nkept\n<!-- generated -->\n") and "STALE" not in page
     for row in ("| dpo | beta 0.1 | 1 |", "| ppo | kl_coef 0.05 | 1 |", "| grpo | beta 0.04 | 1 |",
@@ -255,7 +261,7 @@ def test_run_bf16_trains_each_setting_with_bf16_in_rows_of_its_own(tiny_frontier
     assert record["setting"] == "beta 0.1 bf16" and record["command"].split().count("--bf16") == 1
     assert [p["step"] for p in record["points"]] == [0, 2, 4] and record["points"][0]["kl"] == 0.0
     assert all(p["kl"] != 0.0 for p in record["points"][1:])
-    text = F.report(F.Report(runs=common["runs"], out=str(tiny_frontier["tmp"] / "page")))
+    text = R.report(R.Report(runs=common["runs"], out=str(tiny_frontier["tmp"] / "page")))
     assert "| dpo | beta 0.1 bf16 | 1 |" in text
 
 
@@ -356,7 +362,7 @@ def test_tuning_runs_stop_at_the_kl_and_the_tuned_run_takes_the_rule_s_choice(ti
     record = json.loads((runs / "ppo" / "lr_2e-3__4.json").read_text())
     assert [p["step"] for p in record["points"]] == [0, 2, 4, 6] and "--learning-rate 2e-3" in record["command"]
     assert not (runs / "ppo" / "lr_1e-3__4.json").exists() and "stopped" not in record
-    text = F.report(F.Report(runs=common["runs"], out=str(tiny_frontier["tmp"] / "page")))
+    text = R.report(R.Report(runs=common["runs"], out=str(tiny_frontier["tmp"] / "page")))
     assert "| ppo | lr 2e-3 | 4 |" in text  # the tuned row (one seed: no interval)
     assert "| lr 1e-3 | not reached | - |" in text and "| lr 2e-3 | " in text.split("ppo's tuning runs")[1]
 
@@ -467,15 +473,15 @@ def test_the_tuned_table_counts_tuning_the_reward_model_and_one_run_all_in(tmp_p
         (tuning / method / f"{setting}__{F.protocol.TUNING_SEED}.json").write_text(json.dumps(run))
     tests = [record("dpo", "a", s, 9.0, [0.1, 0.3, 0.7], [0.0, 2.0, 6.0], [0.0, 2.0, 6.0]) for s in (4, 5)]
     tests += [record("ppo", "c", s, 20.0, [0.1, 0.3, 0.7], [0.0, 2.0, 6.0], [0.0, 8.0, 12.0]) for s in (4, 5)]
-    text = "\n".join(F.tuned_lines(str(tuning), tests, rm_minutes=20.0))
+    text = "\n".join(R.tuned_lines(str(tuning), tests, rm_minutes=20.0))
     assert "| dpo | a | 4, 5 | 0.400 ± 0.000 | 0.020 | 3.0 | 2/2, 8.0 | 11.0 |" in text
     assert "| ppo | c | 4, 5 | 0.400 ± 0.000 | 0.020 | 9.0 | 2/2, 40.0 | 69.0 |" in text
     assert f"All in, DPO's CPU minutes are {11 / 69:.1%} of PPO's" in text
     assert "- dpo minus ppo: +0.000 ± 0.000 (inconclusive)" in text
     # without the reward model's minutes, PPO's all-in cost is not stated
-    assert "| 2/2, 40.0 | - |" in "\n".join(F.tuned_lines(str(tuning), tests))
+    assert "| 2/2, 40.0 | - |" in "\n".join(R.tuned_lines(str(tuning), tests))
     # one seed: its gold without an interval, and no difference
-    one = "\n".join(F.tuned_lines(str(tuning), tests[:1] + tests[2:3], rm_minutes=20.0))
+    one = "\n".join(R.tuned_lines(str(tuning), tests[:1] + tests[2:3], rm_minutes=20.0))
     assert "| dpo | a | 4 | 0.400 (one seed, no interval) | 0.020 | 3.0 | 2/2, 8.0 | 11.0 |" in one
     assert "dpo minus ppo" not in one and "Differences" not in one
 
@@ -519,14 +525,14 @@ def test_the_search_reads_the_tuning_records_and_the_fresh_prompts_are_unread(tm
              for seed, gold, split in [(7, 0.4, "fresh"), (8, 0.5, "fresh"), (9, 0.6, "fresh"), (4, 0.9, "test")]]
     monkeypatch.setattr(F, "SEARCH", {"dpo": F.SEARCH["dpo"]})
     monkeypatch.setattr(F, "TUNING", {"dpo": {"lr 5e-5 beta 0.3": ""}})
-    page = "\n".join(F.searched_lines(str(tmp_path), tests))
+    page = "\n".join(R.searched_lines(str(tmp_path), tests))
     assert "**dpo**: 9 settings at seed 100 (8 of the first grid's 8, 1 beyond it), 2 at seed 101; 33.0 CPU " \
            "minutes in all. Chosen: `lr 1e-4 beta 0.1`; on its axes: lr inside; beta inside." in page
     assert "| lr 5e-5 beta 0.3 (earlier) | 0.300 | - | 2.0 |  |" in page
     assert "| lr 1e-4 beta 0.0333 (beyond the grid) | 0.200 | - | 2.0 |  |" in page
     assert "| dpo | lr 1e-4 beta 0.1 | 7, 8, 9 | 0.500 ± 0.248 | 0.020 | 2.0 | 11, 33.0 | 35.0 |" in page
     monkeypatch.setattr(F, "TUNING", {"dpo": {name: "" for name in first}})
-    assert F.searched_lines(str(tmp_path), tests) == []  # nothing run beyond the earlier grids: no section
+    assert R.searched_lines(str(tmp_path), tests) == []  # nothing run beyond the earlier grids: no section
     # a setting within 0.01 of the best at half its CPU minutes to KL 3 (1.0 against 2.0) is the rule's choice,
     # once its edge (beta 0.0333) and its second seed have run: `run --searched` takes it, not the highest gold
     record("lr 2e-4 beta 0.1", 100, 0.495, cpu=0.5)

@@ -17,6 +17,8 @@ from pathlib import Path
 
 TEST_FILE = "tests/test_experiments.py"
 TEST_FILES = {"experiments/rlhf_frontier": "tests/test_rlhf_frontier.py",
+              "experiments/rlhf_frontier_measure": "tests/test_rlhf_frontier.py",
+              "experiments/rlhf_frontier_report": "tests/test_rlhf_frontier.py",
               "experiments/protocol": "tests/test_protocol.py",
               "benchmarks/walker_speed": "tests/test_walker_speed.py"}  # scripts with a test file of their own
 SELECTOR = "not overopt and not preference"
@@ -24,7 +26,7 @@ SELECTOR = "not overopt and not preference"
 MUTANTS_BY_SCRIPT = {
     # the protocol's statistics and its search, written before their tests by hand
     # what an evaluation reads: the frontier's KL, written before its test by hand (both survived every test)
-    "experiments/rlhf_frontier": [
+    "experiments/rlhf_frontier_measure": [
         ("the frontier's KL of log pi_ref - log pi",
          "kl += (logps[0] - logps[1]).tolist()", "kl += (logps[1] - logps[0]).tolist()", "kl or measure"),
         ("the frontier's KL at temperature 1, not the sampling temperature",
@@ -34,9 +36,15 @@ MUTANTS_BY_SCRIPT = {
         ("a point's standard error over samples, not prompts",
          "float(means.std(ddof=1) / math.sqrt(len(means)))", "float(values.std(ddof=1) / math.sqrt(values.size))",
          "over_prompts"),
+    ],
+    "experiments/rlhf_frontier_report": [
         # the page's search section, written before its test by hand
         ("the fresh prompts' table counts the choice's runs on the earlier test prompts",
          'and r.get("split", "test")\n                 == split and r["seed"]', 'and r["seed"]', "search"),
+        ("the search's all-in cost without its tuning runs",
+         "all_in[m] = tuning_minutes + (rm_minutes", "all_in[m] = 0.0 + (rm_minutes", "search or tuned"),
+    ],
+    "experiments/rlhf_frontier": [
         # the search's choice and cost as `run --searched` reads them (each a breakage of the newest code)
         ("the frontier's search: a tie broken by the run's CPU minutes, not those to KL 3",
          'first[r["setting"]] = (gold_at_kl(r["points"], STOP_KL), cpu_at_kl(r, STOP_KL))',
@@ -46,8 +54,6 @@ MUTANTS_BY_SCRIPT = {
         ("`prompts`: the prompts compared as written, a trailing space hides an overlap",
          'both = {p.strip() for p in fresh} & {p.strip() for p in prompts}', 'both = set(fresh) & set(prompts)',
          "prompts_lists"),
-        ("the search's all-in cost without its tuning runs",
-         "all_in[m] = tuning_minutes + (rm_minutes", "all_in[m] = 0.0 + (rm_minutes", "search or tuned"),
     ],
     # the runner of the subprocess harnesses, written before its test by hand
     "experiments/runner": [
@@ -106,14 +112,17 @@ MUTANTS_BY_SCRIPT = {
         ("a streak of all-wrong batches not broken by a batch with a right answer",
          "start = (step if start is None else start) if value <= -1 + 1e-6 else None",
          "start = (step if start is None else start) if value <= -1 + 1e-6 else start", "ppo_vs_grpo"),
-        ("a collapse read against the first evaluation after training, not the initial policy's",
-         'below = [r for r in seeds if r["accuracy"][-1] < r["accuracy"][0]]',
-         'below = [r for r in seeds if r["accuracy"][-1] < r["accuracy"][1]]', "ppo_vs_grpo"),
         ("the equal-CPU budget rounded up to whole batches, not down",
          "int(ppo / per_completion // batch_size * batch_size)",
          "int(-(-ppo / per_completion // batch_size) * batch_size)", "ppo_vs_grpo"),
         ("`run --searched --methods` runs every method's choice, not the ones asked",
          "[m for m in args.methods if m in SEARCH])", "None)", "ppo_vs_grpo"),
+    ],
+    # the page of the sums (ppo_vs_grpo_report.py, tested in tests/test_experiments.py)
+    "experiments/ppo_vs_grpo_report": [
+        ("a collapse read against the first evaluation after training, not the initial policy's",
+         'below = [r for r in seeds if r["accuracy"][-1] < r["accuracy"][0]]',
+         'below = [r for r in seeds if r["accuracy"][-1] < r["accuracy"][1]]', "ppo_vs_grpo"),
     ],
     # the intervals both harnesses report, moved to the protocol's module
     "experiments/protocol": [
