@@ -1180,3 +1180,11 @@ def test_the_sums_page_reads_several_runs_folders_each_equal_cost_run_beside_its
         in tuned.split("##")[0]
     assert f"| RLOO, searched, PPO's training CPU time | 512 | 0.2 | 40.0% ± 24.8% | 30.0, 40.0, 50.0% | -30.0% ± " \
         f"{half} |" in searched.split("##")[0]
+    # an earlier sitting's tuned runs (--earlier) against that sitting's tuned PPO, not today's
+    pvg = R.harness
+    methods = pvg.summarize(pvg.recorded(tmp_path / "tuned" / "records.jsonl"), pvg.read_scalars)
+    earlier = {f"earlier:{m}": [dict(r, accuracy=[0.1, r["accuracy"][-1] - 0.2]) if m == "tuned_ppo" else r
+                                for r in runs] for m, runs in methods.items()}
+    text = R.write_report({**methods, **earlier}, tmp_path / "page")
+    assert f"| RLOO, tuned (earlier sitting) | -10.0% ± {half} |" in text  # 20-40% against 30-50%
+    assert "## At the training time of PPO, tuned (earlier sitting)" in text
