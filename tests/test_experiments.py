@@ -1165,21 +1165,27 @@ def test_the_sums_page_reads_several_runs_folders_each_equal_cost_run_beside_its
                     writer.add_scalar("eval/accuracy", 0.1, 0)
                     writer.add_scalar("eval/accuracy", end, 8)
                     writer.close()
-                    f.write(json.dumps({"method": method, "seed": seed, "command": f"python x.py --seed {seed}",
+                    split = " --eval-split test" * (folder == "search")  # the search's: the test split
+                    f.write(json.dumps({"method": method, "seed": seed, "command": f"python x.py{split} --seed {seed}",
                                         "run_dir": str(run_dir), "peak_rss_gb": 1.0, "wall_s": 60.0, "cpu_s": 60.0,
                                         "commit": "abc", "date": "2026-12-01"}) + "\n")
     monkeypatch.setattr(sys, "argv", ["ppo_vs_grpo_report.py", "--runs", str(tmp_path / "tuned"),
                                       str(tmp_path / "search"), "--out", str(tmp_path / "page")])
     R.main()
     text = (tmp_path / "page.md").read_text()
+    # a seed's 256 prompts: on the held-out split both orders of 126 sums, one of another, 3 of a + a (130); on the
+    # test split 256 sums
+    assert ("## Held-out accuracy (one sampled response a prompt; `--eval-split held_out`: 256 prompts, 130 distinct "
+            "problems; `--eval-split test`: 256 prompts, 256 distinct problems)") in text
     half = "22.7%"  # 2.776 (4 degrees of freedom) * sqrt(0.01 / 3 + 0.01 / 3)
     assert f"| RLOO, tuned | -30.0% ± {half} |" in text and f"| RLOO, searched | +0.0% ± {half} |" in text
     tuned, searched = text.split("## At the training time of PPO, tuned")[1], text.split(
         "## At the training time of PPO, searched")[1]
-    assert f"| RLOO, tuned, PPO's training time | 512 | 0.2 | 70.0% ± 24.8% | 60.0, 70.0, 80.0% | +10.0% ± {half} |" \
-        in tuned.split("##")[0]
-    assert f"| RLOO, searched, PPO's training CPU time | 512 | 0.2 | 40.0% ± 24.8% | 30.0, 40.0, 50.0% | -30.0% ± " \
-        f"{half} |" in searched.split("##")[0]
+    rows = lambda section: [line for line in section.split("##")[0].splitlines() if line.startswith("| RLOO")]
+    assert rows(tuned) == [f"| RLOO, tuned, PPO's training time | 512 | 0.2 | 70.0% ± 24.8% | 60.0, 70.0, 80.0% | "
+                           f"+10.0% ± {half} |"]
+    assert rows(searched) == [f"| RLOO, searched, PPO's training CPU time | 512 | 0.2 | 40.0% ± 24.8% | 30.0, 40.0, "
+                              f"50.0% | -30.0% ± {half} |"]
     # an earlier sitting's tuned runs (--earlier) against that sitting's tuned PPO, not today's
     pvg = R.harness
     methods = pvg.summarize(pvg.recorded(tmp_path / "tuned" / "records.jsonl"), pvg.read_scalars)

@@ -112,6 +112,9 @@ MUTANTS_BY_SCRIPT = {
         ("a streak of all-wrong batches not broken by a batch with a right answer",
          "start = (step if start is None else start) if value <= -1 + 1e-6 else None",
          "start = (step if start is None else start) if value <= -1 + 1e-6 else start", "ppo_vs_grpo"),
+        ("a + b and b + a counted as two problems",
+         'return {frozenset(map(int, re.findall(r"\\d+", p))) for p in prompts}',
+         'return {tuple(map(int, re.findall(r"\\d+", p))) for p in prompts}', "ppo_vs_grpo or sums_page or problems"),
         ("the equal-CPU budget rounded up to whole batches, not down",
          "int(ppo / per_completion // batch_size * batch_size)",
          "int(-(-ppo / per_completion // batch_size) * batch_size)", "ppo_vs_grpo"),
@@ -120,6 +123,15 @@ MUTANTS_BY_SCRIPT = {
     ],
     # the page of the sums (ppo_vs_grpo_report.py, tested in tests/test_experiments.py)
     "experiments/ppo_vs_grpo_report": [
+        # the page's several runs folders and its problems (each a breakage of the newest code)
+        ("an earlier sitting's tuned runs compared with today's tuned PPO",
+         'return earlier + ("tuned_ppo"', 'return ("tuned_ppo"', "ppo_vs_grpo or sums_page"),
+        ("every equal-cost run beside the first PPO of the page",
+         "for method, seeds in [(m, v) for m, v in equal.items() if ppo_key(m) == base]:",
+         "for method, seeds in [(m, v) for m, v in equal.items()]:", "ppo_vs_grpo or sums_page"),
+        ("the test split's problems counted from the held-out split",
+         'validation=split == "validation", test=split == "test")', 'validation=split == "validation", test=False)',
+         "ppo_vs_grpo or sums_page"),
         ("a collapse read against the first evaluation after training, not the initial policy's",
          'below = [r for r in seeds if r["accuracy"][-1] < r["accuracy"][0]]',
          'below = [r for r in seeds if r["accuracy"][-1] < r["accuracy"][1]]', "ppo_vs_grpo"),
