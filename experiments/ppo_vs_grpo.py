@@ -173,6 +173,16 @@ def problems_read(records: list[dict]) -> tuple[set, int]:
     return read, runs
 
 
+def test_split_readers(records: list[dict]) -> dict[str, int]:
+    """{method: runs} of the recorded two-digit runs that evaluated the test split (--eval-split test)."""
+    readers = {}
+    for record in records:
+        flags = flag_dict(record["command"])
+        if flags.get("--arithmetic-digits") == "2" and flags.get("--eval-split") == "test":
+            readers[record["method"]] = readers.get(record["method"], 0) + 1
+    return dict(sorted(readers.items()))
+
+
 def distinct_problems(prompts) -> set:
     """The problems a list of arithmetic prompts asks, a + b and b + a one problem."""
     return {frozenset(map(int, re.findall(r"\d+", p))) for p in prompts}
@@ -187,8 +197,10 @@ def list_problems() -> None:
     unread = [p for p in test if not distinct_problems([p]) & pairs]
     print(f"{len(records)} recorded runs under docs/results; {runs} evaluated held-out sums: {len(read)} prompts, "
           f"{len(pairs)} distinct sums")
-    print(f"test split (--eval-split test): {len(test)} distinct sums, {len(test) - len(unread)} of them read "
-          f"before; the first {TEST_EVAL} are the tables':")
+    readers = test_split_readers(records)
+    print(f"test split (--eval-split test): {len(test)} distinct sums, {len(test) - len(unread)} of them among the "
+          f"held-out sums read; the first {TEST_EVAL} are the tables', evaluated by {sum(readers.values())} runs ("
+          + (", ".join(f"{method} {n}" for method, n in readers.items()) or "none") + "):")
     print("\n".join(test[:TEST_EVAL]))
 
 

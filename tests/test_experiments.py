@@ -1080,6 +1080,19 @@ def test_ppo_vs_grpo_problems_read_are_the_first_evaluated_held_out_prompts_of_t
     assert runs == 1 and read == set(held_out[:4])
 
 
+def test_ppo_vs_grpo_lists_the_runs_that_evaluated_the_test_split_by_method():
+    pvg = load("ppo_vs_grpo")
+    base = "python grpo_gpt2.py --reward-model arithmetic --arithmetic-digits 2 --seed 1"
+    records = [{"method": "searched_grpo", "command": base + " --eval-split test"},
+               {"method": "searched_grpo", "command": base + " --eval-split test --seed 2"},
+               {"method": "searched_ppo", "command": base + " --eval-split test"},
+               {"method": "tuned_ppo", "command": base},  # the held-out split
+               {"method": "x", "command": base + " --eval-split validation"},
+               {"method": "y", "command": base.replace("digits 2", "digits 1") + " --eval-split test"}]
+    assert pvg.test_split_readers(records) == {"searched_grpo": 2, "searched_ppo": 1}
+    assert pvg.test_split_readers(records[3:]) == {}
+
+
 def test_ppo_vs_grpo_equal_cpu_budget_by_training_cpu_seconds_by_hand():
     pvg = load("ppo_vs_grpo")
     logs, records = {}, []
