@@ -173,7 +173,7 @@ def problems_read(records: list[dict]) -> tuple[set, int]:
     return read, runs
 
 
-def test_split_readers(records: list[dict]) -> dict[str, int]:
+def runs_reading_the_test_split(records: list[dict]) -> dict[str, int]:
     """{method: runs} of the recorded two-digit runs that evaluated the test split (--eval-split test)."""
     readers = {}
     for record in records:
@@ -197,7 +197,7 @@ def list_problems() -> None:
     unread = [p for p in test if not distinct_problems([p]) & pairs]
     print(f"{len(records)} recorded runs under docs/results; {runs} evaluated held-out sums: {len(read)} prompts, "
           f"{len(pairs)} distinct sums")
-    readers = test_split_readers(records)
+    readers = runs_reading_the_test_split(records)
     print(f"test split (--eval-split test): {len(test)} distinct sums, {len(test) - len(unread)} of them among the "
           f"held-out sums read; the first {TEST_EVAL} are the tables', evaluated by {sum(readers.values())} runs ("
           + (", ".join(f"{method} {n}" for method, n in readers.items()) or "none") + "):")

@@ -1089,8 +1089,8 @@ def test_ppo_vs_grpo_lists_the_runs_that_evaluated_the_test_split_by_method():
                {"method": "tuned_ppo", "command": base},  # the held-out split
                {"method": "x", "command": base + " --eval-split validation"},
                {"method": "y", "command": base.replace("digits 2", "digits 1") + " --eval-split test"}]
-    assert pvg.test_split_readers(records) == {"searched_grpo": 2, "searched_ppo": 1}
-    assert pvg.test_split_readers(records[3:]) == {}
+    assert pvg.runs_reading_the_test_split(records) == {"searched_grpo": 2, "searched_ppo": 1}
+    assert pvg.runs_reading_the_test_split(records[3:]) == {}
 
 
 def test_ppo_vs_grpo_equal_cpu_budget_by_training_cpu_seconds_by_hand():
