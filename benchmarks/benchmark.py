@@ -7,6 +7,8 @@ Usage (from the repository root):
 
 Each run is `python SCRIPT --seed S --total-timesteps N --runs-dir benchmarks/runs/NAME/STEM/seedS --save-model
 --eval-episodes E EXTRA...`, at most `--parallel` at a time (each script uses one torch thread by default).
+A seed whose run ended with exit 0 under the same NAME (its wall_seconds.txt) is skipped, so the same command
+resumes a stopped benchmark.
 Writes benchmarks/results/NAME.md (table: mean +- std over seeds of the mean of the last 100 training episodes
 and of the evaluation return, per-seed values, wall time and env steps/s), NAME.png (mean curve and min-max band
 over seeds against env steps) and NAME_wallclock.png (against seconds); and, beside the runs, out of git,
@@ -64,6 +66,9 @@ def run_dir_of(args, script, seed):
 
 def launch(args, script, seed):
     runs_dir = run_dir_of(args, script, seed)
+    if os.path.exists(os.path.join(runs_dir, "wall_seconds.txt")):  # written only once a run has ended with exit 0
+        print(f"{script} seed {seed}: finished earlier, skipped", flush=True)
+        return
     cmd = [sys.executable, os.path.join(ROOT, script), "--seed", str(seed), "--total-timesteps", str(args.total_timesteps),
            "--runs-dir", runs_dir, "--save-model", "--eval-episodes", str(args.eval_episodes), *shlex.split(args.extra_args)]
     os.makedirs(runs_dir, exist_ok=True)
@@ -71,11 +76,11 @@ def launch(args, script, seed):
     with open(os.path.join(runs_dir, "stdout.txt"), "w") as log:
         proc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     wall = time.time() - start
-    with open(os.path.join(runs_dir, "wall_seconds.txt"), "w") as f:
-        f.write(f"{wall:.2f}\n")
     print(f"{script} seed {seed}: exit {proc.returncode} in {wall:.1f} s", flush=True)
     if proc.returncode != 0:
         raise SystemExit(f"error: {' '.join(cmd)} failed; see {runs_dir}/stdout.txt")
+    with open(os.path.join(runs_dir, "wall_seconds.txt"), "w") as f:
+        f.write(f"{wall:.2f}\n")
 
 
 def load_events(runs_dir):
