@@ -20,7 +20,8 @@ TEST_FILES = {"experiments/rlhf_frontier": "tests/test_rlhf_frontier.py",
               "experiments/rlhf_frontier_measure": "tests/test_rlhf_frontier.py",
               "experiments/rlhf_frontier_report": "tests/test_rlhf_frontier.py",
               "experiments/protocol": "tests/test_protocol.py",
-              "benchmarks/walker_speed": "tests/test_walker_speed.py"}  # scripts with a test file of their own
+              "benchmarks/walker_speed": "tests/test_walker_speed.py",
+              "benchmarks/validation_choice": "tests/test_benchmark.py"}  # scripts with a test file of their own
 SELECTOR = "not overopt and not preference"
 
 MUTANTS_BY_SCRIPT = {
@@ -184,6 +185,17 @@ MUTANTS_BY_SCRIPT = {
          'update = sum(loop[name] for name in UPDATE) + loop["rest of the update"]',
          "update = sum(loop[name] for name in UPDATE)", "bounds"),
     ],
+    # the validation rule for a change of Walker's defaults (benchmarks/validation_choice.py)
+    "benchmarks/validation_choice": [
+        ("validation_choice: a candidate adopted when its mean is above the defaults', the interval not read",
+         "above = [name for name, (d, h) in diffs.items() if d - h > 0]",
+         "above = [name for name, (d, h) in diffs.items() if d > 0]", "validation"),
+        ("validation_choice: the lowest of the candidates above 0 adopted",
+         "return (max(above, key=lambda n: np.mean(candidates[n]))",
+         "return (min(above, key=lambda n: np.mean(candidates[n]))", "validation"),
+        ("validation_choice: the per-seed returns read from the first row, whatever its script",
+         "elif header and cells[0] == script:", "elif header and cells[0].endswith('.py'):", "validation"),
+    ],
     "experiments/rlhf_overoptimization_report": [  # its report subcommand, where these breakages are
         ("issue41: the bootstrap draws a fixed half of the prompts (not a resample with replacement)",
          "values = [statistic(rng.integers(0, num_prompts, num_prompts)) for _ in range(resamples)]",
@@ -224,6 +236,9 @@ def main() -> int:
             (dest / folder).mkdir()
             for path in (root / folder).glob("*.py"):
                 shutil.copy2(path, dest / folder / path.name)
+        (dest / "benchmarks" / "results").mkdir()  # the benchmark tables (text) that validation_choice reads
+        for path in (root / "benchmarks" / "results").glob("*.md"):
+            shutil.copy2(path, dest / "benchmarks" / "results" / path.name)
 
     def load_mutants(scripts):
         chosen = scripts or list(MUTANTS_BY_SCRIPT)
