@@ -1,7 +1,8 @@
 """The validation rule for a change of defaults, read from benchmark tables (benchmarks/results/<name>.md).
 
-A candidate replaces the defaults only if its mean over the validation seeds minus the defaults' mean has a 95%
-Welch interval (experiments/protocol.py's difference_interval) above 0; the highest such mean if several do.
+A candidate replaces the defaults only if its mean over the validation seeds minus the defaults' mean has
+a 95% Welch interval (experiments/protocol.py's difference_interval) above 0; the highest such mean if
+several do.
 
     python benchmarks/validation_choice.py --defaults walker2d_val_defaults \
         --candidates walker2d_val_mb4 walker2d_val_epochs15 walker2d_val_lambda097
@@ -32,10 +33,10 @@ class Args:
 
 
 def per_seed(results: str, name: str, script: str) -> list[float]:
-    """The script's per-seed training returns in benchmark table <results>/<name>.md (a clear error if absent)."""
+    """The script's per-seed training returns in the table <results>/<name>.md (an error if absent)."""
     path = os.path.join(results, f"{name}.md")
     if not os.path.exists(path):
-        raise SystemExit(f"error: {path} not found: run `python benchmarks/benchmark.py ... --name {name}` first")
+        raise SystemExit(f"error: {path} not found: run `benchmarks/benchmark.py ... --name {name}` first")
     header = None
     for line in open(path):
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -47,22 +48,27 @@ def per_seed(results: str, name: str, script: str) -> list[float]:
 
 
 def choose(defaults: list[float], candidates: dict) -> tuple[str | None, dict]:
-    """(the candidate adopted or None, {candidate: (difference, half-width)}) by the rule above."""
+    """(the candidate adopted or None, {candidate: (difference, half-width, above 0)}) by the rule above."""
     diffs = {name: protocol.difference_interval(values, defaults) for name, values in candidates.items()}
-    above = [name for name, (d, h) in diffs.items() if d - h > 0]
+    diffs = {name: (d, h, d - h > 0) for name, (d, h) in diffs.items()}
+    above = [name for name, (_, _, passed) in diffs.items() if passed]
     return (max(above, key=lambda n: np.mean(candidates[n])) if above else None), diffs
 
 
 def main(args: Args) -> str:
+    if not args.candidates:
+        raise SystemExit("error: --candidates is empty: name at least one candidate's benchmark, e.g. "
+                         "--candidates walker2d_val_mb4")
     defaults = per_seed(args.results, args.defaults, args.script)
     candidates = {n: per_seed(args.results, n, args.script) for n in args.candidates}
     chosen, diffs = choose(defaults, candidates)
-    lines = ["| runs | mean ± std over seeds (as benchmark.py's tables) | minus the defaults, 95% Welch | above 0 |", "|---|---|---|---|",
+    lines = ["| runs | mean ± std over seeds | minus the defaults, 95% Welch | above 0 |",
+             "|---|---|---|---|",
              f"| {args.defaults} | {np.mean(defaults):.2f} ± {np.std(defaults):.2f} | | |"]
     for name, values in candidates.items():
-        d, h = diffs[name]
+        d, h, passed = diffs[name]
         lines.append(f"| {name} | {np.mean(values):.2f} ± {np.std(values):.2f} | {d:+.2f} ± {h:.2f} | "
-                     f"{'yes' if d - h > 0 else 'no'} |")
+                     f"{'yes' if passed else 'no'} |")
     lines.append(f"\nadopted: {chosen}" if chosen else "\nadopted: none; the defaults stay")
     return "\n".join(lines)
 

@@ -49,8 +49,8 @@ def test_a_stopped_benchmark_resumes_running_only_the_seeds_that_did_not_finish(
 def test_validation_choice_reads_the_per_seed_column_of_a_real_benchmark_table():
     choice = load_benchmark("validation_choice")
     values = choice.per_seed(str(ROOT / "benchmarks" / "results"), "walker2d_val_defaults", "ppo_walker2d.py")
-    row = next(line for line in (ROOT / "benchmarks" / "results" / "walker2d_val_defaults.md").read_text().splitlines()
-               if line.startswith("| ppo_walker2d.py"))
+    lines = (ROOT / "benchmarks" / "results" / "walker2d_val_defaults.md").read_text().splitlines()
+    row = next(line for line in lines if line.startswith("| ppo_walker2d.py"))
     mean = float(row.split("|")[2].split("±")[0])  # the table's own mean, from the unrounded returns
     assert len(values) == 10 and abs(sum(values) / 10 - mean) < 0.05
 
@@ -61,18 +61,21 @@ def test_validation_choice_adopts_only_a_candidate_whose_welch_interval_is_above
                   .splitlines() if "training return per seed" in line)
 
     def table(name, values):
-        (tmp_path / f"{name}.md").write_text(f"# {name}\n\n{header}\n|---|---|---|---|---|---|\n| other.py | 0 | 0 | "
-                                              f"9, 9 | 1 | 1 |\n| ppo_walker2d.py | x | x | "
-                                              f"{', '.join(str(v) for v in values)} | 1 | 1 |\n")
+        rows = (f"| other.py | 0 | 0 | 9, 9 | 1 | 1 |\n"
+                f"| ppo_walker2d.py | x | x | {', '.join(map(str, values))} | 1 | 1 |")
+        (tmp_path / f"{name}.md").write_text(f"# {name}\n\n{header}\n|---|---|---|---|---|---|\n{rows}\n")
     base = [1.0, 2.0, 3.0, 4.0, 5.0]  # each mean's variance 0.5: Welch's standard error 1, 8 dof, t = 2.306
     table("defaults", base)
     table("plus2", [v + 2.0 for v in base])  # 2 - 2.306 < 0: stays out
     table("plus2_5", [v + 2.5 for v in base])  # 2.5 - 2.306 > 0
     table("plus3", [v + 3.0 for v in base])
-    run = lambda *names: choice.main(choice.Args(defaults="defaults", candidates=list(names), results=str(tmp_path)))
+    def run(*names):
+        return choice.main(choice.Args(defaults="defaults", candidates=list(names), results=str(tmp_path)))
     out = run("plus2")
     assert "| plus2 | 5.00 ± 1.41 | +2.00 ± 2.31 | no |" in out and "adopted: none; the defaults stay" in out
     assert run("plus2", "plus2_5").endswith("adopted: plus2_5")
     assert run("plus3", "plus2", "plus2_5").endswith("adopted: plus3")  # the highest mean of those above 0
     with pytest.raises(SystemExit, match="missing.md not found"):
         run("missing")
+    with pytest.raises(SystemExit, match="--candidates is empty"):
+        run()

@@ -188,8 +188,8 @@ MUTANTS_BY_SCRIPT = {
     # the validation rule for a change of Walker's defaults (benchmarks/validation_choice.py)
     "benchmarks/validation_choice": [
         ("validation_choice: a candidate adopted when its mean is above the defaults', the interval not read",
-         "above = [name for name, (d, h) in diffs.items() if d - h > 0]",
-         "above = [name for name, (d, h) in diffs.items() if d > 0]", "validation"),
+         "diffs = {name: (d, h, d - h > 0) for name, (d, h) in diffs.items()}",
+         "diffs = {name: (d, h, d > 0) for name, (d, h) in diffs.items()}", "validation"),
         ("validation_choice: the lowest of the candidates above 0 adopted",
          "return (max(above, key=lambda n: np.mean(candidates[n]))",
          "return (min(above, key=lambda n: np.mean(candidates[n]))", "validation"),
