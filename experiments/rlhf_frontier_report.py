@@ -36,11 +36,16 @@ class Report:
     """prefix of the written .md and .png"""
 
 
+def row_key(record: dict) -> tuple[str, str]:
+    """A record's row: its method and setting, the fresh test prompts' runs rows of their own."""
+    return record["method"], record["setting"] + " (fresh)" * (record.get("split") == "fresh")
+
+
 def frontier_rows(records: list[dict]) -> list[dict]:
     """One row per method and setting: the gold at each KL target over its seeds, and its CPU minutes."""
     rows = {}
-    for r in records:  # the fresh test prompts' runs are rows of their own
-        rows.setdefault((r["method"], r["setting"] + " (fresh)" * (r.get("split") == "fresh")), []).append(r)
+    for r in records:
+        rows.setdefault(row_key(r), []).append(r)
     out = []
     for (method, setting), runs in rows.items():
         row = {"method": method, "setting": setting, "seeds": sorted(r["seed"] for r in runs),
@@ -199,7 +204,7 @@ def report(args: Report) -> str:
             v, n = row[target], len(row["seeds"])
             cells.append("not reached" if v is None or v[2] == 0 else f"{v[2]}/{n} reached" if v[0] is None
                          else f"{v[0]:.3f}" + (f" ± {v[1]:.3f}" if v[2] > 1 else ""))
-        last = [r["points"][-1] for r in records if (r["method"], r["setting"]) == (row["method"], row["setting"])]
+        last = [r["points"][-1] for r in records if row_key(r) == (row["method"], row["setting"])]
         seeds = ", ".join(map(str, row["seeds"])) if row["method"] != BEST_OF_N else "-"
         lines.append(f"| {row['method']} | {row['setting']} | {seeds} | " + " | ".join(cells) +
                      f" | {np.mean([p['kl'] for p in last]):.2f}, {np.mean([p['gold'] for p in last]):.3f} | "
@@ -213,23 +218,23 @@ def report(args: Report) -> str:
                   f": `{rm_record['command'].replace(rm_record['preferences'], 'vader_2000.jsonl')}`."]
     lines += ["", "Each run's command (seed 1; `reward_model/model`: the folder the reward-model step saved; each run "
               "also gets the experiment's `--runs-dir`):", ""]
-    for r in {(r["method"], r["setting"]): r for r in records if "command" in r}.values():
+    for (method, setting), r in {row_key(r): r for r in records if "command" in r}.items():
         command = r["command"].replace(f" --seed {r['seed']}", " --seed 1")
         # the paths of the machine a run ran on, as the page names them
         command = re.sub(r"--reward-model \S*/reward_model_gpt2__\d+__\d+/model", "--reward-model reward_model/model",
                          command)
         if rm_record:
             command = command.replace(rm_record["preferences"], os.path.basename(rm_record["preferences"]))
-        lines.append(f"- {r['method']}, {r['setting']}: `{command}`")
+        lines.append(f"- {method}, {setting}: `{command}`")
     rows = {(r["method"], r["setting"]): r for r in frontier_rows(records) if len(r["seeds"]) > 1}
-    lines += ["", "Over seeds, where two settings each have two or more seeds and all of them reach the KL: DPO's "
-              "gold minus theirs, the mean over seeds and its 95% Welch interval:", ""]
+    lines += ["", "Over seeds, where two settings on the same prompts each have two or more seeds and all of them "
+              "reach the KL: DPO's gold minus theirs, the mean over seeds and its 95% Welch interval:", ""]
     bf16_lines = []  # each setting run with --bf16 against the same setting in fp32
     for (a, b), target in itertools.product(itertools.permutations(rows, 2), KL_TARGETS):
-        ga, gb = ([gold_at_kl(r["points"], target) for r in records if (r["method"], r["setting"]) == key]
-                  for key in (a, b))
+        ga, gb = ([gold_at_kl(r["points"], target) for r in records if row_key(r) == key] for key in (a, b))
         same_precision = a[1].endswith(" bf16") == b[1].endswith(" bf16")
-        if a[0] == "dpo" != b[0] and same_precision and None not in ga + gb:
+        same_prompts = a[1].endswith(" (fresh)") == b[1].endswith(" (fresh)")
+        if a[0] == "dpo" != b[0] and same_precision and same_prompts and None not in ga + gb:
             lines.append("- {} {} minus {} {}, at KL {:g}: {:+.3f} ± {:.3f}".format(
                 *a, *b, target, *difference_interval(ga, gb)))
         if a == (b[0], b[1] + " bf16") and None not in ga + gb:

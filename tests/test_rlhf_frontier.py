@@ -98,6 +98,23 @@ def test_the_differences_over_seeds_by_hand(tmp_path):
     assert [line for line in bf16 if line.startswith("- ")] == [
         "- dpo a, at KL 1: +0.050 ± 0.304", "- dpo a, at KL 2: +0.100 ± 0.609", "- dpo a, at KL 3: +0.100 ± 0.609",
         "- ppo a, at KL 1: +0.000 ± 0.304", "- ppo a, at KL 2: +0.000 ± 0.609", "- ppo a, at KL 3: +0.000 ± 0.609"]
+    # the same settings on the fresh test prompts (`run --searched`: split "fresh"), golds at KL 2 and 4: rows of
+    # their own, compared with each other only; the test prompts' rows, lines and last points as before
+    golds = {("dpo", 7): (0.2, 0.4), ("dpo", 8): (0.4, 0.6), ("ppo", 7): (0.0, 0.2), ("ppo", 8): (0.2, 0.4)}
+    for (method, seed), (g2, g4) in golds.items():
+        (runs / method / f"a__{seed}.json").write_text(json.dumps(
+            {"method": method, "setting": "a", "seed": seed, "cpu_minutes": 1.0, "split": "fresh",
+             "command": f"python {method}.py --seed {seed}", "points": [point(0.0, 0.0), point(2.0, g2),
+                                                                        point(4.0, g4)]}))
+    text = R.report(R.Report(runs=str(runs), out=str(tmp_path / "page")))
+    assert sorted(line for line in text.splitlines() if " minus " in line and ", at KL 3" in line) == [
+        "- dpo a (fresh) minus ppo a (fresh), at KL 3: +0.200 ± 0.609",
+        "- dpo a bf16 minus ppo a bf16, at KL 3: +0.400 ± 0.609", "- dpo a minus ppo a, at KL 3: +0.300 ± 0.609"]
+    rows = {tuple(line.split(" | ")[:2]): line.split(" | ") for line in text.splitlines() if line.startswith("| ")}
+    # the last points: dpo's test seeds end at KL 7 (0.7, 0.9), its fresh seeds at KL 4 (0.4, 0.6)
+    assert rows[("| dpo", "a")][2] == "1, 2" and rows[("| dpo", "a")][7] == "7.00, 0.800"
+    assert rows[("| dpo", "a (fresh)")][2] == "7, 8" and rows[("| dpo", "a (fresh)")][7] == "4.00, 0.500"
+    assert "- ppo, a (fresh): `python ppo.py --seed 1`" in text.splitlines()
 
 
 def test_the_report_keeps_the_page_s_hand_written_top(tmp_path):
