@@ -76,7 +76,8 @@ def test_lines(chosen: dict, records: list[dict], tuning: dict, rm_minutes: floa
     tested, all_in = {}, {}
     for m, (runs_text, tuning_minutes) in tuning.items():
         if m not in chosen:
-            lines.append(f"| {m} | (tuning runs missing) | - | - | - | - | {runs_text}, {tuning_minutes:.1f} | - |")
+            missing = "(search not finished)" if split == "fresh" else "(tuning runs missing)"
+            lines.append(f"| {m} | {missing} | - | - | - | - | {runs_text}, {tuning_minutes:.1f} | - |")
             continue
         seeds = [r for r in records if (r["method"], r["setting"]) == (m, chosen[m]) and r.get("split", "test")
                  == split and r["seed"] not in (protocol.TUNING_SEED, protocol.SECOND_SEED)]
