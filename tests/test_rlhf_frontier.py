@@ -434,7 +434,7 @@ def test_the_measure_s_kl_is_summed_over_each_response_s_real_tokens_by_hand(tin
 
     monkeypatch.setattr(F.dpo, "truncate_after_stop_token", truncate)
     m = frontier.measure(policy, 2, batch_size=4)
-    tokenizer, pad = frontier.tokenizer, frontier.tokenizer.pad_token_id
+    tokenizer = frontier.tokenizer
     prompts = [p for p in frontier.prompts for _ in range(2)]
     expected, i = [], 0
     for responses, masks in passes:
