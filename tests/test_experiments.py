@@ -894,7 +894,6 @@ def test_ppo_vs_grpo_at_equal_training_time_and_the_protocol_s_tuning_table_by_h
         pvg.equal_cpu_common(pvg.COMMON, 1344))
     for seed, final in ((7, 0.7), (8, 0.8), (9, 0.9)):
         add("tuned_grpo_equal_cpu", seed, 800.0, final, 32)
-    tuning_logs = {}
     tuning = []
     for i, name in enumerate(pvg.PROTOCOL_TUNING):
         accuracy = 0.5 + 0.02 * (i % 8) if name.startswith("ppo") else 0.4

@@ -9,7 +9,6 @@ import math
 import os
 import re
 import statistics
-import sys
 import time
 from pathlib import Path
 

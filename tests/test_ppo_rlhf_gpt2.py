@@ -5,12 +5,10 @@ import importlib
 import inspect
 import json
 import math
-import os
 import random
 import re
 import shutil
 import statistics
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -21,7 +19,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2ForSequenceClassification,
-                          GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast)
+                          GPT2LMHeadModel, PreTrainedTokenizerFast)
 from transformers.activations import GELUTanh
 from transformers.models.gpt2.modeling_gpt2 import GPT2MLP
 
@@ -1593,7 +1591,7 @@ def test_eval_checkpoint_samples_with_the_settings_saved_with_the_policy(tiny, t
     again, printed, model_dir, trained = check_evaluation_samples_as_saved(
         rlhf, lambda *a, **kw: tiny_args(tiny, *a, **kw), tmp_path, capsys, learning_rate=3e-3)
     # the KL to the starting model its sampling.json names, and which prompts were scored
-    assert f"responses to 6 held-out prompts (standard errors over them)" in printed
+    assert "responses to 6 held-out prompts (standard errors over them)" in printed
     assert f"KL to {tiny['policy']} {again['eval']['final']['kl_mean']:.3f} +- " in printed
     # the starting model saved as a policy of its own: its KL to itself is 0 (up to the sampling pass's rounding)
     start = tmp_path / "start"
