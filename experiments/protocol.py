@@ -218,10 +218,12 @@ def edges(axes: dict, first: dict, cap: int = EXTRA_RUNS) -> dict:
 
 def second_seed(first: dict, second: dict) -> dict:
     """The top two settings' scores at both tuning seeds: {setting: (first, second, mean)}, and whether the mean
-    of the two seeds would choose another setting than the rule's (first seed) choice ("flips")."""
+    of the two seeds would choose another setting than the rule's (first seed) choice ("flips"); by_mean None until
+    both have run at the second seed."""
     pair = [name for name in top_two(first) if name in second]
     rows = {name: (first[name][0], second[name], (first[name][0] + second[name]) / 2) for name in pair}
-    by_mean = choose({k: v[2] for k, v in rows.items()}, {k: first[k][1] for k in rows}) if rows else None
+    complete = len(pair) == len(top_two(first)) == 2
+    by_mean = choose({k: v[2] for k, v in rows.items()}, {k: first[k][1] for k in rows}) if complete else None
     return {"rows": rows, "chosen": top_two(first)[0], "by_mean": by_mean,
             "flips": by_mean is not None and by_mean != top_two(first)[0]}
 
@@ -263,12 +265,12 @@ def search_report(label: str, axes: dict, first: dict, second: dict, cpu_minutes
     chosen, check, left = first_choice(first), second_seed(first, second), next_runs(axes, first, second, cap)
     where = "; ".join(f"{axis} {edge}" for axis, edge in edges(axes, first, cap).items())
     beyond_grid = [name for name in first if name not in grid]
-    flip = "" if not check["rows"] else f" The mean of seeds {TUNING_SEED} and {SECOND_SEED} would choose " + (
+    flip = "" if check["by_mean"] is None else f" The mean of seeds {TUNING_SEED} and {SECOND_SEED} would choose " + (
         f"`{check['by_mean']}` instead: the choice flips." if check["flips"] else "the same setting.")
     lines = [f"**{label}**: {len(first)} settings at seed {TUNING_SEED} ({len(first) - len(beyond_grid)} of the "
              f"first grid's {len(grid)}, {len(beyond_grid)} beyond it), {len(second)} at seed {SECOND_SEED}; "
              f"{cpu_minutes:.1f} CPU minutes in all. Chosen: `{chosen}`; on its axes: {where}."
-             + (f" Not finished: {len(left)} runs left." if left else "") + flip, "",
+             + (f" Not finished: {len(left)} run{'s' * (len(left) > 1)} left." if left else "") + flip, "",
              f"| setting | {score}, seed {TUNING_SEED} | seed {SECOND_SEED} | {cost} | |", "|---|---|---|---|---|"]
     for name in [*[n for n in grid if n in first], *beyond_grid]:
         cost_cell = "n/a" if first[name][1] is None else f"{first[name][1]:.1f}"

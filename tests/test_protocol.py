@@ -93,6 +93,9 @@ def test_a_second_seed_that_reverses_the_top_two_is_reported_as_a_flip():
     assert result["rows"]["lr 2e-5 G 8"] == pytest.approx((0.6, 0.4, 0.5))
     kept = protocol.second_seed(first, {"lr 2e-5 G 8": 0.58, "lr 4e-5 G 4": 0.50})
     assert kept["by_mean"] == "lr 2e-5 G 8" and not kept["flips"]
+    # the choice alone at the second seed, however low it reads there, says nothing of a flip yet
+    half = protocol.second_seed(first, {"lr 2e-5 G 8": 0.10})
+    assert half["by_mean"] is None and not half["flips"] and half["rows"]["lr 2e-5 G 8"] == pytest.approx((0.6, 0.1, 0.35))
 
 
 @pytest.mark.parametrize("value, direction, axis, expected", [
@@ -183,6 +186,11 @@ def test_the_page_s_search_report_counts_runs_marks_the_choice_and_its_edges_by_
     assert protocol.search_report("RLOO", AXES, first, {}, 1.0, "accuracy", "CPU minutes", str, cap=2)[0].endswith(
         "G inside. Not finished: 2 runs left.")
     assert "lr highest (not run yet)" in protocol.search_report("RLOO", AXES, first, {}, 1.0, "a", "c", str)[0]
+    # the choice alone at the second seed: one run left, still no verdict on a flip
+    assert protocol.search_report("RLOO", AXES, first, {"lr 8e-5 G 4": 0.1}, 1.0, "accuracy", "CPU minutes", str,
+                                  cap=2)[0].endswith("1 at seed 101; 1.0 CPU minutes in all. Chosen: `lr 8e-5 G 4`; on "
+                                                     "its axes: lr highest (cap reached); G inside. Not finished: 1 run "
+                                                     "left.")
     assert "at most 6 runs beyond the grid" in protocol.rule_text("score", "CPU minutes", "1 point")
 
 

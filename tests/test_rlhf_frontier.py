@@ -563,7 +563,7 @@ def test_the_search_reads_the_tuning_records_and_the_fresh_prompts_are_unread(tm
         F.searched_settings(str(tmp_path), ["dpo"])
     monkeypatch.setattr(F, "TUNING", {"dpo": {"lr 5e-5 beta 0.3": ""}})  # a search with runs left: no test row
     page = "\n".join(R.searched_lines(str(tmp_path), tests))
-    assert "Not finished: 1 runs left." in page and "| dpo | (search not finished) | - | - |" in page
+    assert "Not finished: 1 run left." in page and "| dpo | (search not finished) | - | - |" in page
     record("lr 2e-4 beta 0.0333", 100, 0.2)
     record("lr 2e-4 beta 0.1", 101, 0.4)
     assert F.searched_settings(str(tmp_path), ["dpo"]) == {"dpo": "lr 2e-4 beta 0.1"}
