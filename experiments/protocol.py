@@ -182,15 +182,17 @@ def next_runs(axes: dict, first: dict, second: dict, cap: int = EXTRA_RUNS) -> l
 
 
 def searched_choices(axes: dict, results, methods, command: str) -> dict[str, str]:
-    """{method: the rule's choice over its search's first seed} for methods, once each one's search is done (the
-    one choice a harness's page marks and its test runs take): axes {method: axes}, results(method) gives
-    (first, second) as next_runs reads them; a clear error naming `command` while a method has runs left."""
+    """{method: the rule's choice over its search's first seed} for methods, once each one's runs at that seed are
+    done (the one choice a harness's page marks and its test runs take; the second seed's runs, left or not, do
+    not move it): axes {method: axes}, results(method) gives (first, second) as next_runs reads them; a clear error
+    naming `command` while a method has runs left at the first seed."""
     chosen = {}
     for method in methods:
         first, second = results(method)
-        left = next_runs(axes[method], first, second)
+        left = [run for run in next_runs(axes[method], first, second) if run[1] == TUNING_SEED]
         if left:
-            raise SystemExit(f"error: --searched: {method}'s search has {len(left)} runs left; run `{command}` first")
+            raise SystemExit(f"error: --searched: {method}'s search has {len(left)} run{'s' * (len(left) > 1)} left; "
+                             f"run `{command}` first")
         chosen[method] = first_choice(first)
     return chosen
 

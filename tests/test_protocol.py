@@ -204,5 +204,8 @@ def test_the_test_runs_take_the_rule_s_choice_once_each_search_asked_for_is_done
     seconds = {"lr 4e-5 G 8": 0.5, "lr 2e-5 G 16": 0.5}
     results = {"a": (done, seconds), "b": (dict(list(done.items())[:5]), {})}  # b: its first grid not run
     assert protocol.searched_choices({"a": axes, "b": axes}, results.get, ["a"], "x") == {"a": "lr 4e-5 G 8"}
+    # the second seed's runs left do not hold the test runs back: they cannot move the choice
+    assert next_runs(axes, done, {}) == [("lr 4e-5 G 8", protocol.SECOND_SEED), ("lr 2e-5 G 16", protocol.SECOND_SEED)]
+    assert protocol.searched_choices({"a": axes}, {"a": (done, {})}.get, ["a"], "x") == {"a": "lr 4e-5 G 8"}
     with pytest.raises(SystemExit, match=r"^error: --searched: b's search has 7 runs left; run `x search` first$"):
         protocol.searched_choices({"a": axes, "b": axes}, results.get, ["a", "b"], "x search")

@@ -530,7 +530,7 @@ def test_the_search_reads_the_tuning_records_and_the_fresh_prompts_are_unread(tm
     # lr inside; beta 0.1 the lowest: one factor (3) below, 0.0333; then the top two at seed 101: the choice and,
     # among the rest (all 0.3 at equal cost), the grid's first, lr 5e-5 beta 0.1 (not the first file's name)
     assert F.protocol.next_runs(F.SEARCH["dpo"], first, second) == [("lr 1e-4 beta 0.0333", 100)]
-    with pytest.raises(SystemExit, match="dpo's search has 1 runs left"):
+    with pytest.raises(SystemExit, match="dpo's search has 1 run left"):
         F.searched_settings(str(tmp_path), ["dpo"])
     record("lr 1e-4 beta 0.0333", 100, 0.2)
     record("lr 1e-4 beta 0.1", 101, 0.45)
@@ -559,7 +559,7 @@ def test_the_search_reads_the_tuning_records_and_the_fresh_prompts_are_unread(tm
     # a setting within 0.01 of the best at half its CPU minutes to KL 3 (1.0 against 2.0) is the rule's choice,
     # once its edge (beta 0.0333) and its second seed have run: `run --searched` takes it, not the highest gold
     record("lr 2e-4 beta 0.1", 100, 0.495, cpu=0.5)
-    with pytest.raises(SystemExit, match="dpo's search has 1 runs left"):
+    with pytest.raises(SystemExit, match="dpo's search has 1 run left"):
         F.searched_settings(str(tmp_path), ["dpo"])
     monkeypatch.setattr(F, "TUNING", {"dpo": {"lr 5e-5 beta 0.3": ""}})  # a search with runs left: no test row
     page = "\n".join(R.searched_lines(str(tmp_path), tests))
