@@ -181,6 +181,15 @@ def next_runs(axes: dict, first: dict, second: dict, cap: int = EXTRA_RUNS) -> l
     return [(name, SECOND_SEED) for name in top_two(first) if name not in second]
 
 
+def choice_runs_left(axes: dict, first: dict, second: dict) -> list[tuple[str, int]]:
+    """The runs next_runs asks at the first seed: the runs that can still move the choice (a second seed's cannot)."""
+    return [run for run in next_runs(axes, first, second) if run[1] == TUNING_SEED]
+
+
+def runs_left_text(left: list) -> str:
+    return f"{len(left)} run{'s' * (len(left) > 1)} left"
+
+
 def searched_choices(axes: dict, results, methods, command: str) -> dict[str, str]:
     """{method: the rule's choice over its search's first seed} for methods, once each one's runs at that seed are
     done (the one choice a harness's page marks and its test runs take; the second seed's runs, left or not, do
@@ -189,10 +198,9 @@ def searched_choices(axes: dict, results, methods, command: str) -> dict[str, st
     chosen = {}
     for method in methods:
         first, second = results(method)
-        left = [run for run in next_runs(axes[method], first, second) if run[1] == TUNING_SEED]
+        left = choice_runs_left(axes[method], first, second)
         if left:
-            raise SystemExit(f"error: --searched: {method}'s search has {len(left)} run{'s' * (len(left) > 1)} left; "
-                             f"run `{command}` first")
+            raise SystemExit(f"error: --searched: {method}'s search has {runs_left_text(left)}; run `{command}` first")
         chosen[method] = first_choice(first)
     return chosen
 
@@ -222,12 +230,10 @@ def second_seed(first: dict, second: dict) -> dict:
     """The top two settings' scores at both tuning seeds: {setting: (first, second, mean)}, and whether the mean
     of the two seeds would choose another setting than the rule's (first seed) choice ("flips"); by_mean None until
     both have run at the second seed."""
-    pair = [name for name in top_two(first) if name in second]
-    rows = {name: (first[name][0], second[name], (first[name][0] + second[name]) / 2) for name in pair}
-    complete = len(pair) == len(top_two(first)) == 2
-    by_mean = choose({k: v[2] for k, v in rows.items()}, {k: first[k][1] for k in rows}) if complete else None
-    return {"rows": rows, "chosen": top_two(first)[0], "by_mean": by_mean,
-            "flips": by_mean is not None and by_mean != top_two(first)[0]}
+    top = top_two(first)
+    rows = {name: (first[name][0], second[name], (first[name][0] + second[name]) / 2) for name in top if name in second}
+    by_mean = choose({k: v[2] for k, v in rows.items()}, {k: first[k][1] for k in rows}) if len(rows) == 2 else None
+    return {"rows": rows, "chosen": top[0], "by_mean": by_mean, "flips": by_mean is not None and by_mean != top[0]}
 
 
 def search(methods: dict, results, run, cap: int = EXTRA_RUNS) -> None:
@@ -272,7 +278,7 @@ def search_report(label: str, axes: dict, first: dict, second: dict, cpu_minutes
     lines = [f"**{label}**: {len(first)} settings at seed {TUNING_SEED} ({len(first) - len(beyond_grid)} of the "
              f"first grid's {len(grid)}, {len(beyond_grid)} beyond it), {len(second)} at seed {SECOND_SEED}; "
              f"{cpu_minutes:.1f} CPU minutes in all. Chosen: `{chosen}`; on its axes: {where}."
-             + (f" Not finished: {len(left)} run{'s' * (len(left) > 1)} left." if left else "") + flip, "",
+             + (f" Not finished: {runs_left_text(left)}." if left else "") + flip, "",
              f"| setting | {score}, seed {TUNING_SEED} | seed {SECOND_SEED} | {cost} | |", "|---|---|---|---|---|"]
     for name in [*[n for n in grid if n in first], *beyond_grid]:
         cost_cell = "n/a" if first[name][1] is None else f"{first[name][1]:.1f}"

@@ -170,8 +170,8 @@ def searched_lines(tuning_runs: str, records: list[dict], rm_minutes: float | No
                                         lambda v: "not reached" if v is None else f"{v:.3f}",
                                         set(harness.TUNING.get(m, ())))
         tuning[m] = (f"{len(runs[m])}", minutes)
-        if all(seed != protocol.TUNING_SEED for _, seed in protocol.next_runs(harness.SEARCH[m], first, second)):
-            chosen[m] = protocol.first_choice(first)  # a second seed left cannot move the choice
+        if not protocol.choice_runs_left(harness.SEARCH[m], first, second):
+            chosen[m] = protocol.first_choice(first)
     return lines + ["The choices on the fresh test prompts (gold at KL 3: mean over seeds, 95% t-interval):", "",
                     *test_lines(chosen, records, tuning, rm_minutes, "fresh"), ""]
 

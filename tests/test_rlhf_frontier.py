@@ -565,6 +565,10 @@ def test_the_search_reads_the_tuning_records_and_the_fresh_prompts_are_unread(tm
     page = "\n".join(R.searched_lines(str(tmp_path), tests))
     assert "Not finished: 1 run left." in page and "| dpo | (search not finished) | - | - |" in page
     record("lr 2e-4 beta 0.0333", 100, 0.2)
+    # only the new runner-up's second seed left: the choice is final, `run --searched` and the page's test row take it
+    assert F.protocol.next_runs(F.SEARCH["dpo"], *F.search_results(str(tmp_path), "dpo")) == [("lr 2e-4 beta 0.1", 101)]
+    assert F.searched_settings(str(tmp_path), ["dpo"]) == {"dpo": "lr 2e-4 beta 0.1"}
+    assert "| dpo | lr 2e-4 beta 0.1 | none yet | - |" in "\n".join(R.searched_lines(str(tmp_path), tests))
     record("lr 2e-4 beta 0.1", 101, 0.4)
     assert F.searched_settings(str(tmp_path), ["dpo"]) == {"dpo": "lr 2e-4 beta 0.1"}
     fresh = set(shared.FRESH_TEST_PROMPTS)
