@@ -70,10 +70,11 @@ def frontier_rows(records: list[dict]) -> list[dict]:
 def test_lines(chosen: dict, records: list[dict], tuning: dict, rm_minutes: float | None, split: str) -> list[str]:
     """Each method's chosen setting at its test seeds (records of `split`): gold at KL 3 over seeds, CPU minutes
     to it, the tuning's runs and CPU minutes (tuning {method: (runs text, minutes)}) and all in (the tuning, the
-    reward model the RL methods need, one run to KL 3); then the differences between methods."""
+    reward model the RL methods need, one run to KL 3); then the differences between methods. Where a method's
+    seeds do not all reach KL 3: every method's gold at the next KL below it, and the differences there."""
     lines = ["| method | chosen setting | test seeds | gold at KL 3 | per-point SE | CPU minutes to KL 3 | "
              "tuning: runs, CPU minutes | all in |", "|---" * 8 + "|"]
-    tested, all_in = {}, {}
+    tested, all_in, seeds_of = {}, {}, {}
     for m, (runs_text, tuning_minutes) in tuning.items():
         if m not in chosen:
             missing = "(search not finished)" if split == "fresh" else "(tuning runs missing)"
@@ -81,6 +82,7 @@ def test_lines(chosen: dict, records: list[dict], tuning: dict, rm_minutes: floa
             continue
         seeds = [r for r in records if (r["method"], r["setting"]) == (m, chosen[m]) and r.get("split", "test")
                  == split and r["seed"] not in (protocol.TUNING_SEED, protocol.SECOND_SEED)]
+        seeds_of[m] = seeds
         golds = [gold_at_kl(r["points"], 3.0) for r in seeds]
         if not seeds or None in golds:
             lines.append(f"| {m} | {chosen[m]} | " + (f"{len(seeds)}, not all reach KL 3" if seeds else "none yet")
@@ -97,15 +99,42 @@ def test_lines(chosen: dict, records: list[dict], tuning: dict, rm_minutes: floa
         lines.append(f"| {m} | {chosen[m]} | {', '.join(str(r['seed']) for r in seeds)} | {gold} | "
                      f"{se:.3f} | " + ("-" if None in cpu else f"{np.mean(cpu):.1f}") +
                      f" | {runs_text}, {tuning_minutes:.1f} | " + (f"{all_in[m]:.1f}" if m in all_in else "-") + " |")
-    tested = {m: golds for m, golds in tested.items() if len(golds) > 1}  # an interval needs two seeds
-    if len(tested) > 1:
-        lines += ["", "Differences at KL 3 on the test prompts, 95% Welch intervals over seeds:", ""]
-        for a, b in itertools.combinations(tested, 2):
-            d, h = difference_interval(tested[a], tested[b])
-            lines.append(f"- {a} minus {b}: {d:+.3f} ± {h:.3f}" + ("" if abs(d) > h else " (inconclusive)"))
+    lines += difference_lines(tested, 3.0)
+    short = {m: s for m, s in seeds_of.items() if s and None in [gold_at_kl(r["points"], 3.0) for r in s]}
+    if short:  # the comparison fixed for this case: every method at the table's next KL below 3
+        kl = max(k for k in KL_TARGETS if k < 3.0)
+        lines += ["", " ".join(f"{m}'s test seeds do not all reach KL 3 (their last points at KL " +
+                               ", ".join(f"{r['points'][-1]['kl']:.2f}" for r in s) + ")." for m, s in short.items())
+                  + f" Every method at KL {kl:g} instead (mean over seeds, 95% t-interval):", "",
+                  f"| method | test seeds | gold at KL {kl:g} | per-point SE |", "|---" * 4 + "|"]
+        at = {}
+        for m, s in seeds_of.items():
+            golds = [gold_at_kl(r["points"], kl) for r in s]
+            if not s or None in golds:
+                lines.append(f"| {m} | " + (f"{len(s)}, not all reach KL {kl:g}" if s else "none yet") + " | - | - |")
+                continue
+            at[m] = golds
+            mean, half, _ = mean_interval(golds)
+            se = np.mean([float(at_kl(r["points"], kl, "gold_se")) for r in s])
+            lines.append(f"| {m} | {', '.join(str(r['seed']) for r in s)} | " +
+                         (f"{mean:.3f} ± {half:.3f}" if len(golds) > 1 else f"{mean:.3f} (one seed, no interval)") + f" | {se:.3f} |")
+        lines += difference_lines(at, kl)
     if "dpo" in all_in and "ppo" in all_in:
         lines += ["", f"All in, DPO's CPU minutes are {all_in['dpo'] / all_in['ppo']:.1%} of PPO's (the goal: at most "
                   "a quarter, with DPO's gold at KL 3 at least PPO's)."]
+    return lines
+
+
+def difference_lines(golds: dict, kl: float) -> list[str]:
+    """Each pair of methods with two or more seeds ({method: golds at kl over its seeds}): the first's gold minus
+    the second's, with its 95% Welch interval over seeds."""
+    golds = {m: g for m, g in golds.items() if len(g) > 1}  # an interval needs two seeds
+    if len(golds) < 2:
+        return []
+    lines = ["", f"Differences at KL {kl:g} on the test prompts, 95% Welch intervals over seeds:", ""]
+    for a, b in itertools.combinations(golds, 2):
+        d, h = difference_interval(golds[a], golds[b])
+        lines.append(f"- {a} minus {b}: {d:+.3f} ± {h:.3f}" + ("" if abs(d) > h else " (inconclusive)"))
     return lines
 
 
