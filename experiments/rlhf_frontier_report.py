@@ -116,8 +116,8 @@ def test_lines(chosen: dict, records: list[dict], tuning: dict, rm_minutes: floa
             at[m] = golds
             mean, half, _ = mean_interval(golds)
             se = np.mean([float(at_kl(r["points"], kl, "gold_se")) for r in s])
-            lines.append(f"| {m} | {', '.join(str(r['seed']) for r in s)} | " +
-                         (f"{mean:.3f} ± {half:.3f}" if len(golds) > 1 else f"{mean:.3f} (one seed, no interval)") + f" | {se:.3f} |")
+            gold = f"{mean:.3f} ± {half:.3f}" if len(golds) > 1 else f"{mean:.3f} (one seed, no interval)"
+            lines.append(f"| {m} | {', '.join(str(r['seed']) for r in s)} | {gold} | {se:.3f} |")
         lines += difference_lines(at, kl)
     if "dpo" in all_in and "ppo" in all_in:
         lines += ["", f"All in, DPO's CPU minutes are {all_in['dpo'] / all_in['ppo']:.1%} of PPO's (the goal: at most "
