@@ -67,6 +67,11 @@ def frontier_rows(records: list[dict]) -> list[dict]:
     return out
 
 
+def seed_list(runs: list[dict]) -> str:
+    """The runs' seeds, as the tables list them."""
+    return ", ".join(str(r["seed"]) for r in runs)
+
+
 def test_lines(chosen: dict, records: list[dict], tuning: dict, rm_minutes: float | None, split: str) -> list[str]:
     """Each method's chosen setting at its test seeds (records of `split`): gold at KL 3 over seeds, CPU minutes
     to it, the tuning's runs and CPU minutes (tuning {method: (runs text, minutes)}) and all in (the tuning, the
@@ -80,13 +85,14 @@ def test_lines(chosen: dict, records: list[dict], tuning: dict, rm_minutes: floa
             missing = "(search not finished)" if split == "fresh" else "(tuning runs missing)"
             lines.append(f"| {m} | {missing} | - | - | - | - | {runs_text}, {tuning_minutes:.1f} | - |")
             continue
-        seeds = [r for r in records if (r["method"], r["setting"]) == (m, chosen[m]) and r.get("split", "test")
-                 == split and r["seed"] not in (protocol.TUNING_SEED, protocol.SECOND_SEED)]
+        seeds = sorted((r for r in records if (r["method"], r["setting"]) == (m, chosen[m]) and r.get("split", "test")
+                        == split and r["seed"] not in (protocol.TUNING_SEED, protocol.SECOND_SEED)),
+                       key=lambda r: r["seed"])
         seeds_of[m] = seeds
         golds = [gold_at_kl(r["points"], 3.0) for r in seeds]
         if not seeds or None in golds:
-            lines.append(f"| {m} | {chosen[m]} | " + (f"{len(seeds)}, not all reach KL 3" if seeds else "none yet")
-                         + f" | - | - | - | {runs_text}, {tuning_minutes:.1f} | - |")
+            listed = f"{seed_list(seeds)}: not all reach KL 3" if seeds else "none yet"
+            lines.append(f"| {m} | {chosen[m]} | {listed} | - | - | - | {runs_text}, {tuning_minutes:.1f} | - |")
             continue
         tested[m] = golds
         mean, half, _ = mean_interval(golds)
@@ -96,7 +102,7 @@ def test_lines(chosen: dict, records: list[dict], tuning: dict, rm_minutes: floa
         needs_rm = m != "dpo"
         if None not in cpu and (rm_minutes is not None or not needs_rm):
             all_in[m] = tuning_minutes + (rm_minutes if needs_rm else 0.0) + np.mean(cpu)
-        lines.append(f"| {m} | {chosen[m]} | {', '.join(str(r['seed']) for r in seeds)} | {gold} | "
+        lines.append(f"| {m} | {chosen[m]} | {seed_list(seeds)} | {gold} | "
                      f"{se:.3f} | " + ("-" if None in cpu else f"{np.mean(cpu):.1f}") +
                      f" | {runs_text}, {tuning_minutes:.1f} | " + (f"{all_in[m]:.1f}" if m in all_in else "-") + " |")
     lines += difference_lines(tested, 3.0)
@@ -111,13 +117,14 @@ def test_lines(chosen: dict, records: list[dict], tuning: dict, rm_minutes: floa
         for m, s in seeds_of.items():
             golds = [gold_at_kl(r["points"], kl) for r in s]
             if not s or None in golds:
-                lines.append(f"| {m} | " + (f"{len(s)}, not all reach KL {kl:g}" if s else "none yet") + " | - | - |")
+                listed = f"{seed_list(s)}: not all reach KL {kl:g}" if s else "none yet"
+                lines.append(f"| {m} | {listed} | - | - |")
                 continue
             at[m] = golds
             mean, half, _ = mean_interval(golds)
             se = np.mean([float(at_kl(r["points"], kl, "gold_se")) for r in s])
             gold = f"{mean:.3f} ± {half:.3f}" if len(golds) > 1 else f"{mean:.3f} (one seed, no interval)"
-            lines.append(f"| {m} | {', '.join(str(r['seed']) for r in s)} | {gold} | {se:.3f} |")
+            lines.append(f"| {m} | {seed_list(s)} | {gold} | {se:.3f} |")
         lines += difference_lines(at, kl)
     if "dpo" in all_in and "ppo" in all_in:
         lines += ["", f"All in, DPO's CPU minutes are {all_in['dpo'] / all_in['ppo']:.1%} of PPO's (the goal: at most "
@@ -211,8 +218,9 @@ def report(args: Report) -> str:
     import matplotlib.pyplot as plt
 
     runs = os.path.join(ROOT, args.runs)
-    records = [read_json(p) for p in sorted(glob.glob(os.path.join(runs, "*", "*.json")))
-               if os.path.basename(os.path.dirname(p)) in [*harness.METHODS, BEST_OF_N]]
+    records = sorted((read_json(p) for p in glob.glob(os.path.join(runs, "*", "*.json"))
+                      if os.path.basename(os.path.dirname(p)) in [*harness.METHODS, BEST_OF_N]),
+                     key=lambda r: (r["method"], r["setting"], r.get("split") == "fresh", r["seed"]))
     initial = read_json(os.path.join(runs, "initial.json"))
     rm_record = read_json(os.path.join(runs, "reward_model.json")) if os.path.exists(
         os.path.join(runs, "reward_model.json")) else None

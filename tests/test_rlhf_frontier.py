@@ -512,7 +512,8 @@ def test_the_tuned_table_counts_tuning_the_reward_model_and_one_run_all_in(tmp_p
 def test_a_method_whose_test_seeds_stop_below_kl_3_is_compared_at_kl_2_by_hand():
     """Made-up fresh records: DPO's three seeds pass KL 2 at gold 0.3, 0.4, 0.5 and reach KL 3; PPO's seed 7 ends at
     KL 2.5 (points at KL 1 and 2.5, gold 0.0 and 0.15: 0.1 at KL 2), its seeds 8 and 9 have points at KL 2 (0.2,
-    0.3); GRPO's seed 8 ends at KL 1.5. At KL 2: DPO 0.4 ± 4.303 * 0.1 / sqrt(3) = 0.248, PPO 0.2 ± 0.248, GRPO none;
+    0.3); GRPO's seed 11 ends at KL 1.5 (the records come out of seed order; the tables list seeds in order). At
+    KL 2: DPO 0.4 ± 4.303 * 0.1 / sqrt(3) = 0.248, PPO 0.2 ± 0.248, GRPO none;
     DPO minus PPO 0.2, Welch with equal variances and 3 seeds each: 4 degrees of freedom, 2.776 * sqrt(2 * 0.01 / 3)
     = 0.227. A point's SE is read linearly too (PPO seed 7's 0.01 at KL 1, 0.03 at 2.5: 0.0233; the mean with
     0.03 and 0.03 is 0.028). Records of other splits and tuning seeds do not count."""
@@ -524,17 +525,17 @@ def test_a_method_whose_test_seeds_stop_below_kl_3_is_compared_at_kl_2_by_hand()
     records = [record("dpo", s, [(0.0, 0.1, 0.01), (2.0, g, 0.03), (4.0, g + 0.2, 0.05)])
                for s, g in [(7, 0.3), (8, 0.4), (9, 0.5)]]
     records += [record("ppo", 7, [(0.0, 0.0, 0.01), (1.0, 0.0, 0.01), (2.5, 0.15, 0.03)])]
-    records += [record("ppo", s, [(0.0, 0.1, 0.01), (2.0, g, 0.03), (4.0, 0.5, 0.05)]) for s, g in [(8, 0.2), (9, 0.3)]]
-    records += [record("grpo", s, [(0.0, 0.1, 0.01), (k, 0.3, 0.03)]) for s, k in [(7, 4.0), (8, 1.5)]]
+    records += [record("ppo", s, [(0.0, 0.1, 0.01), (2.0, g, 0.03), (4.0, 0.5, 0.05)]) for s, g in [(9, 0.3), (8, 0.2)]]
+    records += [record("grpo", s, [(0.0, 0.1, 0.01), (k, 0.3, 0.03)]) for s, k in [(11, 1.5), (7, 4.0)]]
     records += [record("ppo", 4, [(0.0, 0.1, 0.01), (4.0, 0.9, 0.05)], split="test"),
                 record("dpo", F.protocol.TUNING_SEED, [(0.0, 0.1, 0.01), (2.0, 0.9, 0.03)])]
     tuning = {m: ("8", 10.0) for m in ("dpo", "ppo", "grpo")}
     lines = R.test_lines({m: "a" for m in tuning}, records, tuning, 5.0, "fresh")
-    assert "| ppo | a | 3, not all reach KL 3 | - | - | - | 8, 10.0 | - |" in lines
+    assert "| ppo | a | 7, 8, 9: not all reach KL 3 | - | - | - | 8, 10.0 | - |" in lines
     assert "- dpo minus ppo: +0.200 ± 0.227 (inconclusive)" in lines
     at_2 = lines[lines.index("| method | test seeds | gold at KL 2 | per-point SE |"):]
     assert at_2[2:5] == ["| dpo | 7, 8, 9 | 0.400 ± 0.248 | 0.030 |", "| ppo | 7, 8, 9 | 0.200 ± 0.248 | 0.028 |",
-                         "| grpo | 2, not all reach KL 2 | - | - |"]
+                         "| grpo | 7, 11: not all reach KL 2 | - | - |"]
     assert "Differences at KL 2 on the test prompts" in at_2[6]
     assert at_2[8:] == ["- dpo minus ppo: +0.200 ± 0.227 (inconclusive)"]
     assert ("ppo's test seeds do not all reach KL 3 (their last points at KL 2.50, 4.00, 4.00). grpo's test seeds do "
