@@ -72,6 +72,17 @@ def seed_list(runs: list[dict]) -> str:
     return ", ".join(str(r["seed"]) for r in runs)
 
 
+def gold_cells(runs: list[dict], kl: float) -> tuple[list[float], str, str] | None:
+    """The runs' golds at kl, their mean with its 95% t-interval and the mean per-point SE, as table cells; None if
+    a run does not reach kl."""
+    golds = [gold_at_kl(r["points"], kl) for r in runs]
+    if not runs or None in golds:
+        return None
+    mean, half, _ = mean_interval(golds)
+    gold = f"{mean:.3f} ± {half:.3f}" if len(golds) > 1 else f"{mean:.3f} (one seed, no interval)"
+    return golds, gold, f"{np.mean([float(at_kl(r['points'], kl, 'gold_se')) for r in runs]):.3f}"
+
+
 def test_lines(chosen: dict, records: list[dict], tuning: dict, rm_minutes: float | None, split: str) -> list[str]:
     """Each method's chosen setting at its test seeds (records of `split`): gold at KL 3 over seeds, CPU minutes
     to it, the tuning's runs and CPU minutes (tuning {method: (runs text, minutes)}) and all in (the tuning, the
@@ -89,24 +100,21 @@ def test_lines(chosen: dict, records: list[dict], tuning: dict, rm_minutes: floa
                         == split and r["seed"] not in (protocol.TUNING_SEED, protocol.SECOND_SEED)),
                        key=lambda r: r["seed"])
         seeds_of[m] = seeds
-        golds = [gold_at_kl(r["points"], 3.0) for r in seeds]
-        if not seeds or None in golds:
+        cells = gold_cells(seeds, 3.0)
+        if cells is None:
             listed = f"{seed_list(seeds)}: not all reach KL 3" if seeds else "none yet"
             lines.append(f"| {m} | {chosen[m]} | {listed} | - | - | - | {runs_text}, {tuning_minutes:.1f} | - |")
             continue
-        tested[m] = golds
-        mean, half, _ = mean_interval(golds)
-        gold = f"{mean:.3f} ± {half:.3f}" if len(golds) > 1 else f"{mean:.3f} (one seed, no interval)"
-        se = np.mean([float(at_kl(r["points"], 3.0, "gold_se")) for r in seeds])
+        tested[m], gold, se = cells
         cpu = [cpu_at_kl(r, 3.0) for r in seeds]
         needs_rm = m != "dpo"
         if None not in cpu and (rm_minutes is not None or not needs_rm):
             all_in[m] = tuning_minutes + (rm_minutes if needs_rm else 0.0) + np.mean(cpu)
-        lines.append(f"| {m} | {chosen[m]} | {seed_list(seeds)} | {gold} | "
-                     f"{se:.3f} | " + ("-" if None in cpu else f"{np.mean(cpu):.1f}") +
-                     f" | {runs_text}, {tuning_minutes:.1f} | " + (f"{all_in[m]:.1f}" if m in all_in else "-") + " |")
+        lines.append(f"| {m} | {chosen[m]} | {seed_list(seeds)} | {gold} | {se} | " +
+                     ("-" if None in cpu else f"{np.mean(cpu):.1f}") + f" | {runs_text}, {tuning_minutes:.1f} | " +
+                     (f"{all_in[m]:.1f}" if m in all_in else "-") + " |")
     lines += difference_lines(tested, 3.0)
-    short = {m: s for m, s in seeds_of.items() if s and None in [gold_at_kl(r["points"], 3.0) for r in s]}
+    short = {m: s for m, s in seeds_of.items() if s and m not in tested}
     if short:  # the comparison fixed for this case: every method at the table's next KL below 3
         kl = max(k for k in KL_TARGETS if k < 3.0)
         lines += ["", " ".join(f"{m}'s test seeds do not all reach KL 3 (their last points at KL " +
@@ -115,16 +123,13 @@ def test_lines(chosen: dict, records: list[dict], tuning: dict, rm_minutes: floa
                   f"| method | test seeds | gold at KL {kl:g} | per-point SE |", "|---" * 4 + "|"]
         at = {}
         for m, s in seeds_of.items():
-            golds = [gold_at_kl(r["points"], kl) for r in s]
-            if not s or None in golds:
+            cells = gold_cells(s, kl)
+            if cells is None:
                 listed = f"{seed_list(s)}: not all reach KL {kl:g}" if s else "none yet"
                 lines.append(f"| {m} | {listed} | - | - |")
                 continue
-            at[m] = golds
-            mean, half, _ = mean_interval(golds)
-            se = np.mean([float(at_kl(r["points"], kl, "gold_se")) for r in s])
-            gold = f"{mean:.3f} ± {half:.3f}" if len(golds) > 1 else f"{mean:.3f} (one seed, no interval)"
-            lines.append(f"| {m} | {seed_list(s)} | {gold} | {se:.3f} |")
+            at[m], gold, se = cells
+            lines.append(f"| {m} | {seed_list(s)} | {gold} | {se} |")
         lines += difference_lines(at, kl)
     if "dpo" in all_in and "ppo" in all_in:
         lines += ["", f"All in, DPO's CPU minutes are {all_in['dpo'] / all_in['ppo']:.1%} of PPO's (the goal: at most "
