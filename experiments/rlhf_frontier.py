@@ -75,10 +75,11 @@ TUNE_RL = "--num-minibatches 4 --update-epochs 1 --eval-every 2"
 FLAGS = {
     "dpo": lambda lr, beta: f"--beta {beta} --preferences {{prefs}} --eval-fraction 0.2 --split-seed 1 "
                             f"--learning-rate {lr} --eval-every 3",
-    # above 128 responses an iteration, micro-batches of 32 (memory only: the same update, detail 6)
+    # above 128 responses an iteration, micro-batches of 16 (memory only: the same update, detail 6; batch 256's
+    # first run, at seed 100, took micro-batches of 32: 16 let its second seed run beside another PPO run)
     "ppo": lambda lr, kl_coef, batch: f"--reward-model {{rm}} --kl-coef {kl_coef} --kl-target None --learning-rate "
                                       f"{lr} --batch-size {batch} --total-episodes {20 * int(batch)} {TUNE_RL}"
-                                      + (f" --gradient-accumulation-steps {int(batch) // 128}" if int(batch) > 128
+                                      + (f" --gradient-accumulation-steps {int(batch) // 64}" if int(batch) > 128
                                          else ""),
     "grpo": lambda lr, beta, G: f"--reward-model {{rm}} --beta {beta} --num-generations {G} --learning-rate {lr} "
                                 f"--batch-size 64 --total-episodes 1280 {TUNE_RL}",

@@ -337,12 +337,13 @@ def test_the_grids_meet_the_protocol_and_the_three_prompt_sets_are_disjoint():
             args, _ = F.script_args(F.METHODS[method][0], flags.format(rm="vader", prefs="p.jsonl"), 1,
                                     F.Common(), "/tmp/unused")
             assert args.learning_rate > 0
-    # PPO's batch axis up to its bound (512): 20 iterations, 4 minibatches, micro-batches of at most 32 responses
-    for batch, minibatch in (("64", 16), ("128", 32), ("256", 64), ("512", 128)):
+    # PPO's batch axis up to its bound (512): 20 iterations, 4 minibatches, one micro-batch up to 32 responses,
+    # micro-batches of 16 above
+    for batch, minibatch, micro in (("64", 16, 16), ("128", 32, 32), ("256", 64, 16), ("512", 128, 16)):
         args, _ = F.script_args(F.rlhf, F.FLAGS["ppo"]("2.5e-5", "0.01", batch).format(rm="vader", prefs="p.jsonl"),
                                 1, F.Common(), "/tmp/unused")
         F.rlhf.check_args(args)
-        assert (args.num_iterations, args.minibatch_size, args.micro_batch_size) == (20, minibatch, min(minibatch, 32))
+        assert (args.num_iterations, args.minibatch_size, args.micro_batch_size) == (20, minibatch, micro)
     validation, test = set(shared.VALIDATION_PROMPTS), set(shared.load_eval_prompts(None, 64))
     assert len(validation) == len(shared.VALIDATION_PROMPTS) == 64 and len(test) == 64
     assert not validation & test and not validation & set(F.rlhf.PROMPTS) and not test & set(F.rlhf.PROMPTS)
