@@ -199,8 +199,9 @@ def searched_lines(tuning_runs: str, records: list[dict], rm_minutes: float | No
              f" Each run on the {len(shared.VALIDATION_PROMPTS)} validation prompts, stopped at its first point at "
              f"KL >= {STOP_KL:g}; a setting that never reaches it is chosen only if none does. Runs marked (earlier) "
              "ran before the search's grids were written (the grids of `TUNING`). The choices then run at seeds "
-             f"{', '.join(map(str, FRESH_SEEDS))} on {len(shared.FRESH_TEST_PROMPTS)} test prompts written before the "
-             "search and read by no run before (`--split fresh`).", ""]
+             f"{', '.join(map(str, FRESH_SEEDS))}, two seeds more where a difference's interval straddles 0, on "
+             f"{len(shared.FRESH_TEST_PROMPTS)} test prompts written before the search and read by no run before "
+             "(`--split fresh`).", ""]
     tuning, chosen = {}, {}
     for m, (first, second) in results.items():
         if not first:
